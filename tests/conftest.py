@@ -1,0 +1,81 @@
+"""Shared fixtures: tiny random models built from configs (nothing is downloaded) and a character tokenizer."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import PreTrainedTokenizerFast
+
+from wedlm_hf import WeDLMConfig, WeDLMForCausalLM
+
+torch.set_num_threads(1)  # tiny models: one thread is fastest and deterministic
+
+VOCAB = 96
+MASK_ID = 95
+EOS_ID = 94
+
+
+def tiny_config(**overrides) -> WeDLMConfig:
+    values = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        mask_token_id=MASK_ID,
+        qk_norm=True,
+        attention_bias=False,
+    )
+    values.update(overrides)
+    return WeDLMConfig(**values)
+
+
+def peaky(model, scale: float = 50.0):
+    """Sharpen a random model's output so entropies spread over 0..2 nats: thresholds then fill several masks."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def build_model(seed: int = 0, dtype=torch.float64, **overrides) -> WeDLMForCausalLM:
+    torch.manual_seed(seed)
+    return peaky(WeDLMForCausalLM(tiny_config(**overrides))).to(dtype).eval()
+
+
+@pytest.fixture(scope="session")
+def model64():
+    return build_model()
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer():
+    """A character-level fast tokenizer over printable ASCII, with <eos> and <mask>; ids fit VOCAB."""
+    chars = [chr(c) for c in range(32, 32 + VOCAB - 2)]
+    vocab = {ch: i for i, ch in enumerate(chars)}
+    vocab["<eos>"] = EOS_ID
+    vocab["<mask>"] = MASK_ID
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", mask_token="<mask>", pad_token="<eos>")
+    fast.padding_side = "left"
+    return fast
+
+
+def prompts(batch: int, lengths=(7, 11, 5, 9), seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded random prompts (ids below EOS) of the given lengths, with their attention mask."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths[:batch])
+    ids = torch.full((batch, width), EOS_ID, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    for b in range(batch):
+        n = lengths[b]
+        ids[b, width - n :] = torch.randint(0, EOS_ID, (n,), generator=g)
+        mask[b, width - n :] = 1
+    return ids, mask
