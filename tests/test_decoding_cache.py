@@ -1,0 +1,91 @@
+"""The KV cache after WeDLM decoding is an AR prefill of the output, and it never carries many dead slots."""
+
+import torch
+from conftest import EOS_ID, build_model, prompts
+from transformers import DynamicCache
+
+from wedlm_hf import ragged_cache
+
+
+def test_final_cache_equals_ar_prefill_of_output(model64):
+    ids, mask = prompts(3)
+    out = model64.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=20,
+        strategy="wedlm",
+        wedlm_window_size=6,
+        wedlm_entropy_threshold=0.8,
+        eos_token_id=EOS_ID,
+        pad_token_id=EOS_ID,
+        return_dict_in_generate=True,
+    )
+    seq = out.sequences
+    width = ids.shape[1]
+    full_mask = torch.zeros_like(seq)
+    for b in range(3):
+        n_new = out.wedlm_stats[b].tokens
+        full_mask[b, : width + n_new] = torch.cat([mask[b], torch.ones(n_new, dtype=torch.long)])
+    prefill = DynamicCache(config=model64.config)
+    with torch.no_grad():
+        model64(seq, attention_mask=full_mask, position_ids=(full_mask.cumsum(-1) - 1).clamp_min(0), past_key_values=prefill)
+    assert out.past_key_values.get_seq_length() == seq.shape[1]
+    for layer_out, layer_ref in zip(out.past_key_values.layers, prefill.layers):
+        for b in range(3):
+            cols = full_mask[b].bool()
+            torch.testing.assert_close(layer_out.keys[b][:, cols], layer_ref.keys[b][:, cols], rtol=0, atol=1e-10)
+            torch.testing.assert_close(layer_out.values[b][:, cols], layer_ref.values[b][:, cols], rtol=0, atol=1e-10)
+            assert (layer_out.keys[b][:, ~cols] == 0).all()
+
+
+def test_user_cache_is_filled_and_returned(model64):
+    ids, _ = prompts(1)
+    cache = DynamicCache(config=model64.config)
+    out = model64.generate(
+        ids, max_new_tokens=8, strategy="wedlm", past_key_values=cache, return_dict_in_generate=True
+    )
+    assert out.past_key_values is cache and cache.get_seq_length() == out.sequences.shape[1]
+
+
+def test_dead_slots_stay_bounded(model64, monkeypatch):
+    """Rows committing different counts leave holes; compaction keeps them under the bound at every step."""
+    seen = []
+    original = ragged_cache.RaggedCache.compact_if_needed
+
+    def watch(self):
+        result = original(self)
+        seen.append((self.dead_columns(), self.max_dead, result))
+        return result
+
+    monkeypatch.setattr(ragged_cache.RaggedCache, "compact_if_needed", watch)
+    ids, mask = prompts(4, lengths=(3, 17, 9, 12))
+    model64.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=80,
+        strategy="wedlm",
+        wedlm_window_size=4,
+        wedlm_entropy_threshold=1.2,
+        eos_token_id=None,
+    )
+    assert seen and all(dead <= bound for dead, bound, _ in seen)
+    assert any(compacted for _, _, compacted in seen), "the scenario should force at least one compaction"
+
+
+def test_finished_rows_stop_adding_work(model64):
+    """A row that stops early is fed no more rows: its forwards stop while the others continue."""
+    ids, mask = prompts(2)
+    free = model64.generate(ids[1:], attention_mask=mask[1:], max_new_tokens=24, strategy="wedlm", eos_token_id=None)
+    stop_token = int(free[0, ids.shape[1] + 2])  # a token row 1 emits early becomes the stop token
+    out = model64.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=24,
+        strategy="wedlm",
+        eos_token_id=stop_token,
+        pad_token_id=EOS_ID,
+        return_dict_in_generate=True,
+    )
+    short, long_ = sorted(out.wedlm_stats, key=lambda s: s.forwards)
+    assert short.tokens < 24 and short.forwards < long_.forwards
+    assert short.rows_fed < long_.rows_fed

@@ -1,0 +1,128 @@
+"""Every input generate(strategy="wedlm") cannot honour fails with an error naming the argument and the fix."""
+
+import pytest
+import torch
+from conftest import build_model, prompts
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TextStreamer,
+    TopKLogitsWarper,
+)
+
+
+def wedlm(model, ids, **kwargs):
+    kwargs.setdefault("max_new_tokens", 8)
+    return model.generate(ids, strategy="wedlm", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return prompts(1)[0]
+
+
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        ({"wedlm_window_size": 0}, "wedlm_window_size must be an integer >= 1"),
+        ({"wedlm_window_size": 2.5}, "wedlm_window_size must be an integer >= 1"),
+        ({"wedlm_window_size": True}, "wedlm_window_size must be an integer >= 1"),
+        ({"wedlm_entropy_threshold": -0.1}, r"wedlm_entropy_threshold must be a number >= 0 .* or None"),
+        ({"wedlm_pos_penalty_factor": -1.0}, "wedlm_pos_penalty_factor must be a number >= 0"),
+        ({"wedlm_windowsize": 4}, "wedlm_windowsize: unknown WeDLM option; known: wedlm_window_size"),
+        ({"num_beams": 2}, "num_beams=2: beam search is unsupported; set num_beams=1"),
+        ({"repetition_penalty": 1.3}, r"RepetitionPenaltyLogitsProcessor.*repetition_penalty=1.0"),
+        ({"no_repeat_ngram_size": 2}, "NoRepeatNGramLogitsProcessor"),
+        ({"min_new_tokens": 3, "eos_token_id": 94}, "MinNewTokensLengthLogitsProcessor"),
+        ({"use_cache": False}, "use_cache=False: WeDLM decoding is built on the KV cache"),
+        ({"cache_implementation": "static"}, "cache_implementation='static'"),
+        ({"output_scores": True}, "output_scores=True"),
+        ({"max_new_tokens": 600}, r"exceeds the model's max_position_embeddings \(512\): lower max_new_tokens"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"foo": 1}, "does not accept foo: not supported by strategy='wedlm'"),
+        ({"synced_gpus": True}, "synced_gpus"),
+        ({"prefix_allowed_tokens_fn": lambda b, s: [1]}, "prefix_allowed_tokens_fn"),
+    ],
+)
+def test_bad_arguments(model64, ids, kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        wedlm(model64, ids, **kwargs)
+
+
+def test_assistant_model_is_refused(model64, ids):
+    with pytest.raises(ValueError, match="assistant_model: assisted decoding"):
+        wedlm(model64, ids, assistant_model=model64)
+
+
+def test_user_processors_must_be_score_only(model64, ids):
+    class Custom(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return scores
+
+    with pytest.raises(ValueError, match="Custom"):
+        wedlm(model64, ids, logits_processor=LogitsProcessorList([Custom()]))
+    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor"):
+        wedlm(model64, ids, logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.2)]))
+    # A score-only warper is honoured: top-1 sampling is greedy decoding.
+    greedy = wedlm(model64, ids, eos_token_id=None)
+    out = wedlm(model64, ids, eos_token_id=None, do_sample=True, logits_processor=LogitsProcessorList([TopKLogitsWarper(1)]))
+    assert torch.equal(out, greedy)
+
+
+def test_missing_mask_token_says_how_to_set_it(ids):
+    model = build_model(mask_token_id=None)
+    with pytest.raises(ValueError, match=r"mask_token_id=.*model.config.mask_token_id .*151665.*tokenizer"):
+        wedlm(model, ids)
+    out = wedlm(model, ids, mask_token_id=95, eos_token_id=None)  # explicit argument resolves it
+    assert out.shape[1] == ids.shape[1] + 8
+
+
+def test_mask_token_outside_vocab(model64, ids):
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        wedlm(model64, ids, mask_token_id=10_000)
+
+
+def test_right_padding_is_refused(model64):
+    ids, mask = prompts(2)
+    right_ids, right_mask = ids.flip(1), mask.flip(1)
+    with pytest.raises(ValueError, match="left-padded.*padding_side = 'left'"):
+        wedlm(model64, right_ids, attention_mask=right_mask)
+    empty = mask.clone()
+    empty[0] = 0
+    with pytest.raises(ValueError, match="at least one token"):
+        wedlm(model64, ids, attention_mask=empty)
+
+
+def test_unknown_strategy(model64, ids):
+    with pytest.raises(ValueError, match=r"Unknown strategy 'diffusion': use strategy='ar' .* or strategy='wedlm'"):
+        model64.generate(ids, strategy="diffusion", max_new_tokens=4)
+    config = GenerationConfig(max_new_tokens=4)
+    config.strategy = "fast"
+    with pytest.raises(ValueError, match="generation_config.json, set its \"strategy\" entry"):
+        model64.generate(ids, generation_config=config)
+
+
+def test_wedlm_options_without_the_strategy(model64, ids):
+    with pytest.raises(ValueError, match=r"\['wedlm_window_size'\] only apply to WeDLM decoding.*strategy='wedlm'"):
+        model64.generate(ids, wedlm_window_size=4, max_new_tokens=4)
+
+
+def test_streamer_needs_batch_one(model64, char_tokenizer):
+    ids, mask = prompts(2)
+    with pytest.raises(ValueError, match="streamer.*batch size 1"):
+        wedlm(model64, ids, attention_mask=mask, streamer=TextStreamer(char_tokenizer))
+
+
+def test_inputs_embeds_and_missing_prompt(model64):
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        model64.generate(strategy="wedlm", inputs_embeds=torch.zeros(1, 3, 64))
+    with pytest.raises(ValueError, match="needs a prompt: pass input_ids"):
+        model64.generate(strategy="wedlm", max_new_tokens=3)
+
+
+def test_sliding_window_models_are_refused(ids):
+    model = build_model(use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    with pytest.raises(ValueError, match="sliding-window.*use_sliding_window=False"):
+        wedlm(model, ids)

@@ -1,0 +1,344 @@
+"""`generate_wedlm`: transformers-style arguments in, streaming parallel decoding out.
+
+This is the user-facing front of the decoder: it reads the same arguments as `model.generate` (generation
+config, kwargs, logits processors, stopping criteria, streamer), refuses every option the strategy cannot honour
+with an error that says what to change, runs `StreamingDecoder`, and returns `generate`-shaped output. It works for
+any causal LM that takes `position_ids` and a `DynamicCache` (WeDLM, Qwen2, Qwen3, Llama, ...); its signature is
+the one transformers uses for Hub `custom_generate` methods.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    GenerateDecoderOnlyOutput,
+    MaxTimeCriteria,
+    MinPLogitsWarper,
+    StopStringCriteria,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from .streaming_decoder import StreamingDecoder, WeDLMStats
+from .window_filling import FillSampler
+
+STRATEGIES = ("ar", "wedlm")
+WEDLM_GENERATION_DEFAULTS = {
+    "strategy": "ar",
+    "wedlm_window_size": 16,
+    "wedlm_entropy_threshold": 0.4,
+    "wedlm_pos_penalty_factor": 0.02,
+}
+# Warpers that read only the scores, so they mean the same for a masked slot as for a next token.
+_SCORE_ONLY_WARPERS = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+)
+# Options that change nothing unless another unsupported option (beam search, assisted decoding) is also on.
+_INERT_OPTIONS = {"early_stopping", "length_penalty"}
+_UNSET = object()
+
+
+@dataclass
+class WeDLMGenerateOutput(GenerateDecoderOnlyOutput):
+    """`generate` output plus `wedlm_stats`: one `WeDLMStats` per returned sequence.
+
+    `past_key_values` holds every committed token's K/V, laid out column for column like `sequences`
+    (padding columns are zeros).
+    """
+
+    wedlm_stats: list[WeDLMStats] | None = None
+
+
+def ensure_wedlm_generation_defaults(generation_config) -> None:
+    """Adds the missing `strategy` / `wedlm_*` defaults and marks the config as the model's own, so that
+    save/reload keeps them (a config derived from the model config drops unknown keys on reload)."""
+    if generation_config is None:
+        return
+    for key, value in WEDLM_GENERATION_DEFAULTS.items():
+        if not hasattr(generation_config, key):
+            setattr(generation_config, key, value)
+    generation_config._from_model_config = False
+
+
+def resolve_strategy(strategy, given_config, model_config) -> str:
+    """Explicit argument, then the given generation config, then the model's; `"ar"` when none says."""
+    if strategy is None:
+        for config in (given_config, model_config):
+            strategy = getattr(config, "strategy", None) if config is not None else None
+            if strategy is not None:
+                break
+    strategy = "ar" if strategy is None else strategy
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"Unknown strategy {strategy!r}: use strategy='ar' (ordinary generate) or strategy='wedlm' (streaming "
+            "parallel decoding). If it comes from generation_config.json, set its \"strategy\" entry to one of these."
+        )
+    return strategy
+
+
+@torch.no_grad()
+def generate_wedlm(
+    model,
+    inputs: torch.Tensor | None = None,
+    generation_config=None,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    prefix_allowed_tokens_fn=None,
+    synced_gpus: bool | None = None,
+    assistant_model=None,
+    streamer=None,
+    negative_prompt_ids: torch.Tensor | None = None,
+    negative_prompt_attention_mask: torch.Tensor | None = None,
+    mask_token_id: int | None = None,
+    tokenizer=None,
+    **kwargs,
+):
+    """Streaming parallel decoding with `generate`'s arguments.
+
+    WeDLM arguments (each defaults to the generation config's value, then to the built-in default):
+        wedlm_window_size (int, 16): uncommitted slots kept in the window.
+        wedlm_entropy_threshold (float or None, 0.4): fill every mask whose adjusted entropy (nats) is below it;
+            None fills one mask per forward.
+        wedlm_pos_penalty_factor (float, 0.02): entropy penalty per slot of distance from the leftmost mask.
+        mask_token_id (int): argument, then `config.mask_token_id`, then the generation config, then the
+            tokenizer's mask token.
+    Returns a LongTensor (batch, T + new) or, with `return_dict_in_generate=True`, a `WeDLMGenerateOutput`.
+    """
+    _refuse(assistant_model is not None, "assistant_model", "assisted decoding is not part of WeDLM decoding; drop it")
+    _refuse(prefix_allowed_tokens_fn is not None, "prefix_allowed_tokens_fn", "constrained decoding is unsupported")
+    _refuse(
+        negative_prompt_ids is not None or negative_prompt_attention_mask is not None,
+        "negative_prompt_ids",
+        "classifier-free guidance is unsupported",
+    )
+    _refuse(bool(synced_gpus), "synced_gpus", "ranks would run different numbers of forwards; pass synced_gpus=False")
+    strategy = kwargs.pop("strategy", "wedlm")
+    _refuse(strategy != "wedlm", "strategy", f"generate_wedlm runs strategy='wedlm', got {strategy!r}")
+    explicit = {key: kwargs.pop(key, _UNSET) for key in WEDLM_GENERATION_DEFAULTS if key != "strategy"}
+    unknown = sorted(k for k in kwargs if k.startswith("wedlm_"))
+    _refuse(bool(unknown), ", ".join(unknown), f"unknown WeDLM option; known: {', '.join(explicit)}")
+    _refuse("inputs_embeds" in kwargs, "inputs_embeds", "WeDLM decoding needs token ids: pass input_ids")
+
+    input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
+    if input_ids is None:
+        raise ValueError("generate(strategy='wedlm') needs a prompt: pass input_ids (batch, length).")
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    past_key_values = model_kwargs.pop("past_key_values", None)
+    model_kwargs.pop("use_cache", None)
+    _refuse(bool(model_kwargs), ", ".join(sorted(model_kwargs)), "not supported by strategy='wedlm'; remove it")
+
+    window_size, threshold, penalty = (
+        _setting(explicit, config, key) for key in ("wedlm_window_size", "wedlm_entropy_threshold", "wedlm_pos_penalty_factor")
+    )
+    _validate_wedlm_settings(window_size, threshold, penalty)
+    mask_token_id = _resolve_mask_token_id(model, config, tokenizer, mask_token_id)
+    _validate_config(config, past_key_values)
+
+    device = model.device
+    input_ids = input_ids.to(device)
+    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
+    _validate_padding(input_ids, attention_mask)
+    model._prepare_special_tokens(config, True, device=device)
+    max_new_tokens = _max_new_tokens(config, input_ids.shape[1])
+    longest = int(attention_mask.sum(1).max())
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if limit is not None and longest + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"max_position_embeddings ({limit}): lower max_new_tokens or shorten the prompt."
+        )
+
+    processors = model._get_logits_processor(
+        generation_config=config,
+        input_ids_seq_length=input_ids.shape[1],
+        encoder_input_ids=input_ids,
+        logits_processor=logits_processor,
+        device=device,
+        model_kwargs={"attention_mask": attention_mask},
+    )
+    unsupported = [type(p).__name__ for p in processors if not isinstance(p, _SCORE_ONLY_WARPERS)]
+    _refuse(
+        bool(unsupported),
+        "logits processors " + ", ".join(unsupported),
+        "strategy='wedlm' honours only score-only sampling warpers (temperature, top_k, top_p, min_p, typical_p, "
+        "epsilon_cutoff, eta_cutoff); unset the options or processors that add the others (e.g. repetition_penalty=1.0)",
+    )
+    criteria = _stopping_criteria(config, stopping_criteria, tokenizer)
+
+    if config.num_return_sequences and config.num_return_sequences > 1:
+        input_ids = input_ids.repeat_interleave(config.num_return_sequences, dim=0)
+        attention_mask = attention_mask.repeat_interleave(config.num_return_sequences, dim=0)
+    if streamer is not None and input_ids.shape[0] != 1:
+        raise ValueError("`streamer` takes one sequence: generate with batch size 1 (and num_return_sequences=1).")
+    stop_ids = set() if config._eos_token_tensor is None else set(config._eos_token_tensor.flatten().tolist())
+    pad_token_id = None if config._pad_token_tensor is None else int(config._pad_token_tensor)
+    can_stop_early = bool(stop_ids or criteria)
+    if pad_token_id is None and can_stop_early and input_ids.shape[0] > 1:
+        raise ValueError("Rows that stop early are padded with pad_token_id: set pad_token_id (or eos_token_id).")
+
+    decoder = StreamingDecoder(
+        model,
+        mask_token_id=mask_token_id,
+        window_size=window_size,
+        entropy_threshold=threshold,
+        pos_penalty_factor=penalty,
+        sampler=FillSampler(bool(config.do_sample), processors),
+        max_new_tokens=max_new_tokens,
+        stop_ids=stop_ids,
+        stopping_criteria=criteria,
+        streamer=streamer,
+        keep_cache=bool(config.return_dict_in_generate),
+    )
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    rows, _ = decoder.decode(input_ids, attention_mask, cache=past_key_values)
+    if streamer is not None:
+        streamer.end()
+
+    new = max(len(row.generated) for row in rows)
+    generated = torch.full((len(rows), new), pad_token_id if pad_token_id is not None else 0, dtype=torch.long)
+    for row in rows:
+        generated[row.index, : len(row.generated)] = torch.tensor(row.generated, dtype=torch.long)
+    sequences = torch.cat([input_ids, generated.to(device)], dim=1)
+    if not config.return_dict_in_generate:
+        return sequences
+    return WeDLMGenerateOutput(
+        sequences=sequences,
+        past_key_values=_aligned_cache(rows, attention_mask, sequences.shape[1], past_key_values),
+        wedlm_stats=[row.stats for row in rows],
+    )
+
+
+def _refuse(condition: bool, argument: str, fix: str) -> None:
+    if condition:
+        raise ValueError(f"generate(strategy='wedlm') does not accept {argument}: {fix}.")
+
+
+def _setting(explicit: dict, config, key: str):
+    value = explicit[key]
+    if value is _UNSET:
+        value = getattr(config, key, WEDLM_GENERATION_DEFAULTS[key])
+    return value
+
+
+def _validate_wedlm_settings(window_size, threshold, penalty) -> None:
+    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f"wedlm_window_size must be an integer >= 1 (16 is the default), got {window_size!r}.")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0):
+        raise ValueError(
+            "wedlm_entropy_threshold must be a number >= 0 (nats; 0.4 is the default) or None for one token per "
+            f"forward, got {threshold!r}."
+        )
+    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or penalty < 0:
+        raise ValueError(f"wedlm_pos_penalty_factor must be a number >= 0 (0.02 is the default), got {penalty!r}.")
+
+
+def _resolve_mask_token_id(model, config, tokenizer, explicit) -> int:
+    candidates = (
+        explicit,
+        getattr(model.config, "mask_token_id", None),
+        getattr(config, "mask_token_id", None),
+        getattr(tokenizer, "mask_token_id", None) if tokenizer is not None else None,
+    )
+    mask_token_id = next((c for c in candidates if c is not None), None)
+    if mask_token_id is None:
+        raise ValueError(
+            "WeDLM decoding needs a mask token id and none was found: pass mask_token_id=..., or set "
+            "model.config.mask_token_id (151665 for the released Qwen-based WeDLM models), or pass a tokenizer "
+            "that has a mask token."
+        )
+    vocab = model.config.get_text_config().vocab_size
+    if not 0 <= int(mask_token_id) < vocab:
+        raise ValueError(f"mask_token_id {mask_token_id} is outside the model's vocabulary (size {vocab}).")
+    return int(mask_token_id)
+
+
+def _validate_config(config, past_key_values) -> None:
+    _refuse((config.num_beams or 1) > 1, f"num_beams={config.num_beams}", "beam search is unsupported; set num_beams=1")
+    _refuse((config.num_beam_groups or 1) > 1, "num_beam_groups", "beam search is unsupported; set num_beam_groups=1")
+    _refuse(config.use_cache is False, "use_cache=False", "WeDLM decoding is built on the KV cache; drop it")
+    _refuse(
+        config.cache_implementation not in (None, "dynamic"),
+        f"cache_implementation={config.cache_implementation!r}",
+        "WeDLM decoding needs a DynamicCache; drop it",
+    )
+    _refuse(
+        past_key_values is not None and not isinstance(past_key_values, DynamicCache),
+        "this past_key_values",
+        "pass an empty DynamicCache or none",
+    )
+    for option in ("output_scores", "output_logits", "output_attentions", "output_hidden_states", "token_healing"):
+        _refuse(bool(getattr(config, option, None)), f"{option}=True", "it is not produced by WeDLM decoding; drop it")
+    for option in ("penalty_alpha", "dola_layers", "prompt_lookup_num_tokens", "constraints", "force_words_ids"):
+        _refuse(getattr(config, option, None) is not None, option, "that decoding mode is unsupported; drop it")
+
+
+def _validate_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must have the shape of input_ids {tuple(input_ids.shape)}.")
+    mask = attention_mask.bool()
+    if not mask.any(1).all():
+        raise ValueError("Every prompt needs at least one token (a row of attention_mask is all zeros).")
+    if (mask.long().diff(dim=1) < 0).any():
+        raise ValueError(
+            "Batched prompts must be left-padded (attention_mask 0...0 1...1 per row); set "
+            "tokenizer.padding_side = 'left'."
+        )
+
+
+def _max_new_tokens(config, prompt_width: int) -> int:
+    if config.max_new_tokens is not None:
+        max_new = config.max_new_tokens
+    else:
+        max_new = config.max_length - prompt_width
+    if max_new < 1:
+        raise ValueError(
+            f"No room to generate: max_new_tokens resolves to {max_new}; pass max_new_tokens >= 1 (or a max_length "
+            f"above the prompt width {prompt_width})."
+        )
+    return max_new
+
+
+def _stopping_criteria(config, stopping_criteria, tokenizer) -> list:
+    criteria = list(stopping_criteria or [])
+    if config.stop_strings is not None:
+        if tokenizer is None:
+            raise ValueError("stop_strings needs the tokenizer: pass tokenizer=... to generate.")
+        criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
+    if config.max_time is not None:
+        criteria.append(MaxTimeCriteria(max_time=config.max_time))
+    return criteria
+
+
+def _aligned_cache(rows, attention_mask: torch.Tensor, width: int, cache: DynamicCache | None) -> DynamicCache:
+    """Every row's committed K/V placed at the columns its tokens occupy in `sequences` (zeros elsewhere).
+
+    A cache passed in by the caller served as the decoder's scratch; it is refilled with this layout and returned.
+    """
+    out = cache if cache is not None else DynamicCache()
+    out.reset()
+    prompt_start = (attention_mask.shape[1] - attention_mask.sum(1)).tolist()
+    for layer_idx, (k0, v0) in enumerate(rows[0].kv):
+        keys = k0.new_zeros((len(rows), k0.shape[0], width, k0.shape[-1]))
+        values = v0.new_zeros((len(rows), v0.shape[0], width, v0.shape[-1]))
+        for row in rows:
+            k, v = row.kv[layer_idx]
+            start = prompt_start[row.index]
+            keys[row.index, :, start : start + k.shape[1]] = k
+            values[row.index, :, start : start + v.shape[1]] = v
+        out.update(keys, values, layer_idx)
+    return out

@@ -1,0 +1,106 @@
+"""One DynamicCache shared by rows that commit different numbers of tokens per step.
+
+A DynamicCache has one length for the whole batch, so rows cannot be cropped one by one. Instead every column
+carries a per-row validity bit that becomes the 2D attention mask: a row's rejected window slots (scratch K/V)
+are marked invalid rather than removed, and whole columns that no row keeps are cropped. Holes are squeezed out
+(`compact`) once they exceed a bound, so the cache never holds more than `max_dead` wasted columns per step.
+Positions are not stored: RoPE is already applied to the cached keys, so columns can move freely.
+"""
+
+import torch
+from transformers import DynamicCache
+
+
+class RaggedCache:
+    def __init__(self, model, batch_size: int, max_dead: int, cache: DynamicCache | None = None):
+        self.model = model
+        self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        if self.cache.get_seq_length() != 0:
+            raise ValueError("`past_key_values` must be an empty DynamicCache for strategy='wedlm'.")
+        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+            raise ValueError(
+                "strategy='wedlm' does not support sliding-window attention layers: load the model with "
+                "use_sliding_window=False."
+            )
+        self.valid = torch.zeros((batch_size, 0), dtype=torch.bool, device=model.device)
+        self.max_dead = max_dead
+        self._flash = "flash" in (getattr(model.config, "_attn_implementation", None) or "")
+        self._keeps_logits = model._supports_logits_to_keep()
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    def dead_columns(self) -> int:
+        """Columns beyond what the fullest row needs: holes plus padding that compaction would remove."""
+        if self.length == 0:
+            return 0
+        return self.length - int(self.valid.sum(1).max())
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, new_valid: torch.Tensor, logits_to_keep: int
+    ) -> torch.Tensor:
+        """Runs the model on new rows on top of the cache (their K/V are appended); returns the last logits rows."""
+        attention_mask = torch.cat([self.valid, new_valid], dim=1).long()
+        kwargs = {}
+        if self._flash and input_ids.shape[0] == 1:
+            # Without these, flash attention reads batch-1 non-monotonic positions as packed sequences and attends
+            # to the wrong keys (WEDLM.md section 5): one query sequence over the whole key sequence.
+            q_len, k_len = input_ids.shape[1], attention_mask.shape[1]
+            kwargs = {
+                "cu_seq_lens_q": torch.tensor([0, q_len], dtype=torch.int32, device=input_ids.device),
+                "cu_seq_lens_k": torch.tensor([0, k_len], dtype=torch.int32, device=input_ids.device),
+                "max_length_q": q_len,
+                "max_length_k": k_len,
+            }
+        if self._keeps_logits:
+            kwargs["logits_to_keep"] = logits_to_keep
+        logits = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=self.cache,
+            use_cache=True,
+            **kwargs,
+        ).logits
+        self.valid = attention_mask.bool()
+        return logits[:, -logits_to_keep:]
+
+    def keep_leading(self, fed: int, keep: list[int]) -> None:
+        """Of the `fed` columns just appended, row b keeps its first keep[b]; the others become scratch."""
+        kept = max(keep)
+        if fed > kept:
+            self.cache.crop(-(fed - kept))
+            self.valid = self.valid[:, : self.length - (fed - kept)]
+        start = self.length - kept
+        for row, n in enumerate(keep):
+            self.valid[row, start + n :] = False
+
+    def select_rows(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
+        self.cache.batch_select_indices(index)
+        self.valid = self.valid[index]
+
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The valid K/V of one row, per layer, as (heads, tokens, head_dim) tensors."""
+        cols = self.valid[row].nonzero().squeeze(1)
+        return [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in self.cache.layers]
+
+    def compact_if_needed(self) -> bool:
+        """Squeezes out invalid columns (rows end up left-padded) once more than `max_dead` are wasted."""
+        if self.dead_columns() <= self.max_dead:
+            return False
+        counts = self.valid.sum(1)
+        new_len = int(counts.max())
+        # Stable sort puts each row's valid columns last, in order: exactly a left-padded row.
+        order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, -new_len:]
+        for layer in self.cache.layers:
+            layer.keys = _gather_columns(layer.keys, order)
+            layer.values = _gather_columns(layer.values, order)
+        self.valid = self.valid.gather(1, order)
+        return True
+
+
+def _gather_columns(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """states (batch, heads, length, dim) gathered along length with a per-row column order (batch, new_length)."""
+    return states.gather(2, order[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1]))
