@@ -1,0 +1,61 @@
+"""`wedlm-hf generate`: stream a WeDLM completion as it commits, then time plain AR decoding of the same prompt."""
+
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, TextStreamer
+
+from .modeling_wedlm import WeDLMForCausalLM
+
+DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+
+
+def default_model_path() -> str:
+    """The folder of the small WeDLM checkpoint shipped inside the package (weights, config, tokenizer)."""
+    if not (DEFAULT_MODEL_DIR / "config.json").exists():
+        raise FileNotFoundError(
+            f"No shipped checkpoint at {DEFAULT_MODEL_DIR}: rebuild it with examples/train_default_model.sh "
+            "or pass --model PATH."
+        )
+    return str(DEFAULT_MODEL_DIR)
+
+
+def run_demo(
+    prompt: str,
+    model_path: str | None = None,
+    max_new_tokens: int = 128,
+    window_size: int = 16,
+    threshold: float | None = 0.4,
+    penalty: float = 0.02,
+    compare: bool = True,
+    print_fn=print,
+) -> dict:
+    path = model_path or default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = WeDLMForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    options = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+
+    print_fn(prompt, end="", flush=True)
+    start = time.perf_counter()
+    out = model.generate(
+        ids, strategy="wedlm", wedlm_window_size=window_size, wedlm_entropy_threshold=threshold,
+        wedlm_pos_penalty_factor=penalty, streamer=TextStreamer(tokenizer, skip_prompt=True),
+        return_dict_in_generate=True, **options,
+    )
+    wedlm_seconds = time.perf_counter() - start
+    stats = out.wedlm_stats[0]
+    report = {"wedlm": {**stats.to_dict(), "seconds": wedlm_seconds, "tokens_per_s": stats.tokens / wedlm_seconds}}
+    print_fn(f"\n--\nWeDLM (W={window_size}, tau={threshold}, lambda={penalty}): {stats.tokens} tokens in "
+             f"{stats.forwards} forwards = {stats.tokens_per_forward:.2f} tokens/forward, p_cache {stats.p_cache:.2f}, "
+             f"{report['wedlm']['tokens_per_s']:.1f} tokens/s")
+    if compare:
+        start = time.perf_counter()
+        ar = model.generate(ids, do_sample=False, **options)
+        ar_seconds = time.perf_counter() - start
+        ar_tokens = ar.shape[1] - ids.shape[1]
+        report["ar"] = {"tokens": ar_tokens, "seconds": ar_seconds, "tokens_per_s": ar_tokens / ar_seconds}
+        print_fn(f"plain AR generate: {ar_tokens} tokens = 1.00 tokens/forward, {report['ar']['tokens_per_s']:.1f} tokens/s")
+        print_fn(f"WeDLM / AR tokens/s: {report['wedlm']['tokens_per_s'] / report['ar']['tokens_per_s']:.2f}x")
+    return report
