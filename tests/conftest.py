@@ -1,9 +1,11 @@
 """Shared fixtures: tiny random models built from configs (nothing is downloaded) and a character tokenizer."""
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="wedlm-hf-modules-"))  # remote code stays local
 
 import pytest
 import torch

@@ -37,6 +37,12 @@ def _bench(args) -> None:
     bench_main(args)
 
 
+def _evaluate(args) -> None:
+    from .evaluation import main as evaluate_main
+
+    evaluate_main(args)
+
+
 def _train_tokenizer(args) -> None:
     from .offline_mix import tokenizer_corpus
     from .tokenizer_training import train_tokenizer
@@ -79,6 +85,28 @@ def _convert(args) -> None:
 
     out = convert_ar_checkpoint(args.source, args.destination, mask_token=args.mask_token)
     print(f"WeDLM checkpoint written to {out}")
+
+
+def _export(args) -> None:
+    from .hub_export import export_checkpoint
+
+    recipe = open(args.recipe).read() if args.recipe else None
+    out = export_checkpoint(args.source, args.destination, mask_token_id=args.mask_token_id, repo_id=args.repo_id,
+                            base_model=args.base_model, summary=args.summary, recipe=recipe)
+    print(f"Hub-ready checkpoint written to {out}")
+
+
+def _push(args) -> None:
+    from .hub_push import push_folder
+
+    info = push_folder(args.folder, args.repo, token=args.token, private=args.private or None)
+    print(f"uploaded {args.folder} to {args.repo}: {getattr(info, 'commit_url', info)}")
+
+
+def _custom_generate(args) -> None:
+    from .custom_generate_export import export_custom_generate
+
+    print(f"custom_generate repository written to {export_custom_generate(args.destination, args.repo_id)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,11 +160,42 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--attn-implementation", default="sdpa", choices=("sdpa", "eager"))
     tr.set_defaults(func=_train)
 
+    ev = sub.add_parser("evaluate", help="held-out quality and speed of WeDLM vs AR decoding (JSON for model cards)")
+    ev.add_argument("--model", default=None, help="checkpoint folder (default: the model shipped in the package)")
+    ev.add_argument("--items", type=int, default=100, help="held-out items per task family")
+    ev.add_argument("--code-items", type=int, default=40, help="held-out code continuation prompts")
+    ev.add_argument("--train-items-per-family", type=int, default=20000, help="as trained, to exclude seen prompts")
+    ev.add_argument("--threads", type=int, default=2)
+    ev.add_argument("--output", default=None, help="write the results as JSON")
+    _add_decoding_args(ev)
+    ev.set_defaults(func=_evaluate)
+
     conv = sub.add_parser("convert", help="turn a local AR checkpoint (Qwen2, Qwen3, Llama) into a WeDLM checkpoint")
     conv.add_argument("source")
     conv.add_argument("destination")
     conv.add_argument("--mask-token", default="<|mask|>", help="added to the tokenizer when it has no mask token")
     conv.set_defaults(func=_convert)
+    exp = sub.add_parser("export", help="a Hub-ready folder (remote code, card) from a WeDLM checkpoint")
+    exp.add_argument("source")
+    exp.add_argument("destination")
+    exp.add_argument("--mask-token-id", type=int, default=None, help="when the config gives none")
+    exp.add_argument("--repo-id", default=None, help="Hub name used in the card's usage example")
+    exp.add_argument("--base-model", default=None, help="base_model in the card metadata")
+    exp.add_argument("--summary", default=None, help="one paragraph for the card")
+    exp.add_argument("--recipe", default=None, help="a script whose text the card quotes as the training command")
+    exp.set_defaults(func=_export)
+
+    push = sub.add_parser("push", help="upload an export folder to the Hugging Face Hub")
+    push.add_argument("folder")
+    push.add_argument("repo", help="NAME or ORG/NAME")
+    push.add_argument("--token", default=None, help="default: HF_TOKEN or the `hf auth login` token")
+    push.add_argument("--private", action="store_true")
+    push.set_defaults(func=_push)
+
+    cg = sub.add_parser("custom-generate", help="write the decoding strategy as a Hub custom_generate repository")
+    cg.add_argument("destination")
+    cg.add_argument("--repo-id", default="wedlm-hf/wedlm-decoding", help="Hub name used in its README")
+    cg.set_defaults(func=_custom_generate)
     return parser
 
 

@@ -1,0 +1,303 @@
+"""Hub packaging: remote code without wedlm_hf, re-export of released checkpoints, cards, push, custom_generate."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import EOS_ID, MASK_ID, build_model, peaky, prompts, tiny_config
+from huggingface_hub import HfApi
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, pipeline
+
+from wedlm_hf import WeDLMConfig, WeDLMForCausalLM, generate_wedlm
+from wedlm_hf.cli import main as cli
+from wedlm_hf.custom_generate_export import export_custom_generate
+from wedlm_hf.hub_export import export_checkpoint, remote_code_files
+
+CODE_FILES = {p.name for p in remote_code_files()}
+DECODE = dict(max_new_tokens=12, wedlm_window_size=5, wedlm_entropy_threshold=0.9, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+
+# Runs in a fresh interpreter in which `import wedlm_hf` fails, as on a machine with transformers alone.
+WITHOUT_PACKAGE = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "wedlm_hf" or name.startswith("wedlm_hf."):
+                raise ImportError("wedlm_hf is not installed here")
+
+    sys.meta_path.insert(0, Block())
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder, request = sys.argv[1], json.loads(sys.argv[2])
+    try:
+        AutoModelForCausalLM.from_pretrained(folder)
+        untrusted = "loaded"
+    except Exception as error:
+        untrusted = str(error)
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    ids = torch.tensor(request["ids"])
+    mask = torch.tensor(request["mask"])
+    wedlm = model.generate(ids, attention_mask=mask, strategy="wedlm", **request["decode"])
+    ar = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=8, eos_token_id=None, pad_token_id=0)
+    print("RESULT " + json.dumps({"module": type(model).__module__, "wedlm": wedlm.tolist(), "ar": ar.tolist(),
+                      "untrusted": untrusted, "window": model.generation_config.wedlm_window_size}))
+    """
+)
+
+
+def run_without_package(folder: Path, tmp_path: Path, dtype=torch.float32) -> dict:
+    ids, mask = prompts(2)
+    request = json.dumps({"ids": ids.tolist(), "mask": mask.tolist(), "decode": DECODE})
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", WITHOUT_PACKAGE, str(folder), request], env=env,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.split("RESULT ", 1)[1])
+
+
+def installed_outputs(model) -> tuple[list, list]:
+    ids, mask = prompts(2)
+    wedlm = model.generate(ids, attention_mask=mask, strategy="wedlm", **DECODE)
+    ar = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=8, eos_token_id=None, pad_token_id=0)
+    return wedlm.tolist(), ar.tolist()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_save_pretrained_writes_a_complete_remote_code_folder(tmp_path, char_tokenizer):
+    model = build_model(dtype=torch.float32)
+    model.generation_config.wedlm_window_size = 7
+    model.save_pretrained(tmp_path, tokenizer=char_tokenizer)
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= files
+    assert CODE_FILES <= files and "configuration_wedlm.py" in CODE_FILES and "streaming_decoder.py" in CODE_FILES
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_wedlm.WeDLMForCausalLM"
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    assert generation["strategy"] == "ar" and generation["wedlm_window_size"] == 7
+    assert {"wedlm_entropy_threshold", "wedlm_pos_penalty_factor"} <= set(generation)
+    # Remote code imports only torch, transformers and its own flat files.
+    for name in CODE_FILES:
+        for line in (tmp_path / name).read_text().splitlines():
+            if line.startswith(("import ", "from ")):
+                assert line.split()[1].split(".")[0] in {"torch", "transformers", "dataclasses", ""}, line
+
+
+def test_remote_code_loads_and_decodes_without_the_package(tmp_path):
+    model = build_model(dtype=torch.float32)
+    model.generation_config.wedlm_window_size = 9
+    model.save_pretrained(tmp_path / "ckpt")
+    result = run_without_package(tmp_path / "ckpt", tmp_path)
+    wedlm, ar = installed_outputs(model)
+    assert result["module"].startswith("transformers_modules.")
+    assert result["wedlm"] == wedlm and result["ar"] == ar and result["window"] == 9
+    assert "trust_remote_code=True" in result["untrusted"]
+
+
+def released_checkpoint(folder: Path) -> WeDLMForCausalLM:
+    """A tiny checkpoint shaped like the released ones: Qwen vocabulary, mask id null, the authors' remote code."""
+    torch.manual_seed(0)
+    config = WeDLMConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=151936, qk_norm=True, attention_bias=False,
+                         max_position_embeddings=512)
+    model = WeDLMForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    for name in CODE_FILES:
+        (folder / name).unlink()
+    (folder / "modeling_wedlm.py").write_text("# the authors' remote code\n")
+    (folder / "configuration_wedlm.py").write_text("# the authors' remote code\n")
+    raw = json.loads((folder / "config.json").read_text())
+    raw.update(mask_token_id=None, auto_map={"AutoConfig": "configuration_wedlm.WeDLMConfig",
+                                             "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM"})
+    (folder / "config.json").write_text(json.dumps(raw))
+    (folder / "generation_config.json").unlink()
+    return model
+
+
+def test_reexport_of_a_released_checkpoint(tmp_path):
+    model = released_checkpoint(tmp_path / "released")
+    cli(["export", str(tmp_path / "released"), str(tmp_path / "ours")])
+    out = tmp_path / "ours"
+    assert sha256(out / "model.safetensors") == sha256(tmp_path / "released" / "model.safetensors")
+    config = json.loads((out / "config.json").read_text())
+    assert config["mask_token_id"] == 151665 and config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_wedlm")
+    assert "authors' remote code" not in (out / "modeling_wedlm.py").read_text()
+    assert CODE_FILES <= {p.name for p in out.iterdir()}
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["strategy"] == "ar" and generation["wedlm_window_size"] == 16
+    reloaded = WeDLMForCausalLM.from_pretrained(out)
+    assert reloaded.config.mask_token_id == 151665
+    ids = torch.randint(0, 1000, (1, 6))
+    kwargs = dict(strategy="wedlm", max_new_tokens=6, eos_token_id=None)
+    model.config.mask_token_id = 151665
+    assert torch.equal(reloaded.generate(ids, **kwargs), model.generate(ids, **kwargs))
+
+
+def test_export_errors_say_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        export_checkpoint(tmp_path / "nothing", tmp_path / "out")
+    released_checkpoint(tmp_path / "r")
+    (tmp_path / "r" / "model.safetensors").rename(tmp_path / "r" / "weights.bin")
+    with pytest.raises(FileNotFoundError, match="no safetensors weights.*save_pretrained"):
+        export_checkpoint(tmp_path / "r", tmp_path / "out")
+
+    small = tmp_path / "small"
+    build_model(mask_token_id=None).save_pretrained(small)
+    with pytest.raises(ValueError, match="no mask_token_id.*--mask-token-id"):
+        export_checkpoint(small, tmp_path / "out")
+    assert json.loads((export_checkpoint(small, tmp_path / "out", mask_token_id=95) / "config.json").read_text())[
+        "mask_token_id"] == 95
+
+    generation = json.loads((small / "generation_config.json").read_text())
+    generation["strategy"] = "turbo"
+    (small / "generation_config.json").write_text(json.dumps(generation))
+    with pytest.raises(ValueError, match="unknown strategy 'turbo'.*set \"strategy\""):
+        export_checkpoint(small, tmp_path / "out2", mask_token_id=95)
+
+    qwen = tmp_path / "qwen"
+    Qwen3ForCausalLM(Qwen3Config(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, vocab_size=96)).save_pretrained(qwen)
+    with pytest.raises(ValueError, match="wedlm-hf convert"):
+        export_checkpoint(qwen, tmp_path / "out3")
+
+
+def test_card_metadata_and_measured_statistics(tmp_path, char_tokenizer):
+    src = tmp_path / "src"
+    build_model(dtype=torch.float32).save_pretrained(src, tokenizer=char_tokenizer)
+    results = {
+        "settings": {"window_size": 16, "entropy_threshold": 0.4, "pos_penalty_factor": 0.02, "threads": 2,
+                     "torch": "t", "transformers": "x"},
+        "families": {"counting": {"items": 10, "ar_exact_match": 0.9, "wedlm_exact_match": 0.8,
+                                  "tokens_per_forward": 4.25, "ar_tokens_per_s": 100.0, "wedlm_tokens_per_s": 310.0,
+                                  "speedup": 3.1}},
+    }
+    (src / "eval_results.json").write_text(json.dumps(results))
+    export_checkpoint(src, tmp_path / "out", repo_id="me/tiny-wedlm", base_model="Qwen/Qwen3-8B")
+    text = (tmp_path / "out" / "README.md").read_text()
+    meta = yaml.safe_load(text.split("---")[1])
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
+    assert meta["license"] == "apache-2.0" and meta["base_model"] == "Qwen/Qwen3-8B"
+    assert {"wedlm", "diffusion", "custom_code"} <= set(meta["tags"])
+    assert "| counting | 10 | 90.0% | 80.0% | 4.25 | 100 | 310 | 3.10x |" in text
+    assert 'from_pretrained("me/tiny-wedlm", trust_remote_code=True)' in text
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """Intercepts the two Hub calls an upload makes; records the repo and the exact files of the folder."""
+    calls = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        calls["repo"] = repo_id
+        return type("RepoUrl", (), {"repo_id": repo_id})()
+
+    def upload_folder(self, *, folder_path, repo_id, **kwargs):
+        root = Path(folder_path)
+        calls["files"] = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        calls["card"] = (root / "README.md").read_text()
+        calls["token"] = self.token
+        return "https://huggingface.co/fake/commit"
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    return calls
+
+
+def test_push_command_uploads_the_export_folder(tmp_path, char_tokenizer, fake_hub):
+    build_model(dtype=torch.float32).save_pretrained(tmp_path / "src", tokenizer=char_tokenizer)
+    export_checkpoint(tmp_path / "src", tmp_path / "out")
+    cli(["push", str(tmp_path / "out"), "me/tiny-wedlm"])
+    expected = sorted(CODE_FILES | {"README.md", "config.json", "generation_config.json", "model.safetensors",
+                                     "tokenizer.json", "tokenizer_config.json"})
+    assert fake_hub["repo"] == "me/tiny-wedlm" and fake_hub["files"] == expected
+    assert fake_hub["token"] == "hf_test_token"
+
+
+def test_model_push_to_hub_uploads_weights_code_tokenizer_and_card(tmp_path, char_tokenizer, fake_hub):
+    model = build_model(dtype=torch.float32)
+    model.push_to_hub("me/pushed", tokenizer=char_tokenizer)
+    expected = sorted(CODE_FILES | {"README.md", "config.json", "generation_config.json", "model.safetensors",
+                                     "tokenizer.json", "tokenizer_config.json"})
+    assert fake_hub["files"] == expected
+    meta = yaml.safe_load(fake_hub["card"].split("---")[1])
+    assert meta["library_name"] == "transformers" and "wedlm" in meta["tags"]
+    # Loaded from a folder with a tokenizer, the model finds it by itself.
+    model.save_pretrained(tmp_path / "m", tokenizer=char_tokenizer)
+    WeDLMForCausalLM.from_pretrained(tmp_path / "m").push_to_hub("me/pushed2")
+    assert fake_hub["repo"] == "me/pushed2" and "tokenizer.json" in fake_hub["files"]
+
+
+def test_push_errors(tmp_path, char_tokenizer, fake_hub, monkeypatch):
+    model = build_model(dtype=torch.float32)
+    with pytest.raises(ValueError, match="needs the tokenizer"):
+        model.push_to_hub("me/x")
+    with pytest.raises(ValueError, match="repo name.*ORG/NAME"):
+        model.push_to_hub("", tokenizer=char_tokenizer)
+    with pytest.raises(ValueError, match="repo name"):
+        cli(["push", str(tmp_path), "not a/valid/name"])
+    model.save_pretrained(tmp_path / "incomplete")
+    with pytest.raises(FileNotFoundError, match="missing README.md.*tokenizer files.*wedlm-hf export"):
+        cli(["push", str(tmp_path / "incomplete"), "me/x"])
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setattr("wedlm_hf.hub_push.get_token", lambda: None)
+    with pytest.raises(ValueError, match="No Hugging Face token.*hf auth login.*HF_TOKEN"):
+        model.push_to_hub("me/x", tokenizer=char_tokenizer)
+
+
+def test_custom_generate_on_models_with_their_own_code(tmp_path):
+    folder = export_custom_generate(tmp_path / "wedlm-decoding")
+    meta = yaml.safe_load((folder / "README.md").read_text().split("---")[1])
+    assert "custom_generate" in meta["tags"]
+    ids, mask = prompts(2)
+    torch.manual_seed(0)
+    stock = peaky(Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in tiny_config().to_dict().items()
+                                                  if k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                           "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                                           "head_dim", "max_position_embeddings")}))).eval()
+    via_hub = stock.generate(ids, attention_mask=mask, custom_generate=str(folder), trust_remote_code=True,
+                             mask_token_id=MASK_ID, **DECODE)
+    installed = generate_wedlm(stock, ids, attention_mask=mask, mask_token_id=MASK_ID, **DECODE)
+    assert torch.equal(via_hub, installed)
+
+    # A checkpoint shipping its own model class (as the authors' release does), loaded as remote code.
+    own = tmp_path / "own-code"
+    own.mkdir()
+    (own / "modeling_custom.py").write_text(
+        "from transformers import Qwen3ForCausalLM\n\n\nclass CustomForCausalLM(Qwen3ForCausalLM):\n    pass\n"
+    )
+    stock.save_pretrained(own)
+    raw = json.loads((own / "config.json").read_text())
+    raw["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    (own / "config.json").write_text(json.dumps(raw))
+    from transformers import AutoModelForCausalLM
+
+    custom = AutoModelForCausalLM.from_pretrained(own, trust_remote_code=True).eval()
+    assert type(custom).__name__ == "CustomForCausalLM"
+    out = custom.generate(ids, attention_mask=mask, custom_generate=str(folder), trust_remote_code=True,
+                          mask_token_id=MASK_ID, **DECODE)
+    assert torch.equal(out, installed)
+
+
+def test_pipeline_passes_strategy_through(tmp_path, char_tokenizer):
+    model = build_model(dtype=torch.float32)
+    model.save_pretrained(tmp_path, tokenizer=char_tokenizer)
+    pipe = pipeline("text-generation", model=str(tmp_path), trust_remote_code=True)
+    prompt = "hello"
+    text = pipe(prompt, strategy="wedlm", max_new_tokens=10, wedlm_window_size=4, eos_token_id=None,
+                return_full_text=False)[0]["generated_text"]
+    ids = char_tokenizer(prompt, return_tensors="pt").input_ids
+    direct = model.generate(ids, strategy="wedlm", max_new_tokens=10, wedlm_window_size=4, eos_token_id=None)
+    assert text == char_tokenizer.decode(direct[0, ids.shape[1] :])
+    assert AutoTokenizer.from_pretrained(tmp_path).mask_token_id == MASK_ID

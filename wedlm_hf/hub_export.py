@@ -1,0 +1,158 @@
+"""Hub-ready checkpoint folders: weights, config with `auto_map`, our remote code, generation defaults, tokenizer, card.
+
+`export_checkpoint` also re-exports a released-style WeDLM checkpoint (`model_type: "wedlm"`, the authors' remote
+code, `mask_token_id: null`) with this project's code: the weight files are copied byte for byte, the config gains
+the mask id and our `auto_map`, and the authors' code files are left behind.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+from transformers.dynamic_module_utils import get_relative_import_files
+
+from . import configuration_wedlm, generation_wedlm, modeling_wedlm
+from .configuration_wedlm import WeDLMConfig
+from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS
+from .model_card import load_json, render_model_card
+
+RELEASED_QWEN_MASK_TOKEN_ID = 151665  # what the authors' engine and training code use when the config gives none
+AUTO_MAP = {
+    "AutoConfig": "configuration_wedlm.WeDLMConfig",
+    "AutoModel": "modeling_wedlm.WeDLMModel",
+    "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM",
+}
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "added_tokens.json", "chat_template.jinja", "tokenizer.model",
+)
+RECORDS = ("training_info.json", "eval_results.json")  # what model cards quote
+
+
+def remote_code_files() -> list[Path]:
+    """The flat files that travel as remote code: config, model and everything they import relatively."""
+    files = {Path(configuration_wedlm.__file__), Path(modeling_wedlm.__file__)}
+    files.update(Path(f) for f in get_relative_import_files(modeling_wedlm.__file__))
+    return sorted(files)
+
+
+def decoding_code_files() -> list[Path]:
+    """The decoding strategy alone (what a `custom_generate` folder needs)."""
+    files = {Path(generation_wedlm.__file__)} | {Path(f) for f in get_relative_import_files(generation_wedlm.__file__)}
+    return sorted(files)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (folder / s).exists()]
+        if missing:
+            raise FileNotFoundError(f"{folder} is missing weight shards {missing} named in model.safetensors.index.json.")
+        return [index] + [folder / s for s in shards]
+    if (folder / "model.safetensors").exists():
+        return [folder / "model.safetensors"]
+    raise FileNotFoundError(
+        f"{folder} has no safetensors weights (model.safetensors or model.safetensors.index.json): load the model and "
+        "save it with save_pretrained(..., safe_serialization=True) first."
+    )
+
+
+def resolve_mask_token_id(config: dict, explicit: int | None, source: Path) -> int:
+    """Argument, then config, then the tokenizer's mask token, then the released Qwen-based default."""
+    if explicit is not None:
+        return int(explicit)
+    if config.get("mask_token_id") is not None:
+        return int(config["mask_token_id"])
+    tokenizer_config = load_json(source / "tokenizer_config.json") or {}
+    mask = tokenizer_config.get("mask_token")
+    if isinstance(mask, dict):
+        mask = mask.get("content")
+    if mask and (source / "tokenizer.json").exists():
+        from transformers import AutoTokenizer
+
+        mask_id = AutoTokenizer.from_pretrained(source).convert_tokens_to_ids(mask)
+        if mask_id is not None:
+            return int(mask_id)
+    if config.get("vocab_size", 0) > RELEASED_QWEN_MASK_TOKEN_ID:
+        return RELEASED_QWEN_MASK_TOKEN_ID
+    raise ValueError(
+        f"{source}/config.json gives no mask_token_id and none can be inferred (no tokenizer mask token; the vocabulary "
+        f"is too small for the released default {RELEASED_QWEN_MASK_TOKEN_ID}): pass --mask-token-id N."
+    )
+
+
+def generation_defaults(source: Path) -> dict:
+    """The source's generation config with `strategy` checked and every missing `wedlm_*` default added."""
+    values = load_json(source / "generation_config.json") or {}
+    strategy = values.get("strategy")
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(
+            f"{source}/generation_config.json has an unknown strategy {strategy!r}: set \"strategy\" to one of "
+            f"{', '.join(STRATEGIES)} (or remove it)."
+        )
+    for key, value in WEDLM_GENERATION_DEFAULTS.items():
+        values.setdefault(key, value)
+    values["_from_model_config"] = False  # otherwise transformers drops the custom keys on reload
+    return values
+
+
+def write_card(destination: Path, repo_id: str, model_name: str, summary: str, generation_config: dict,
+               base_model: str | None = None, recipe: str | None = None, tags: list[str] | None = None) -> None:
+    card = render_model_card(
+        model_name=model_name,
+        summary=summary,
+        repo_id=repo_id,
+        generation_defaults=generation_config,
+        eval_results=load_json(destination / "eval_results.json"),
+        training_info=load_json(destination / "training_info.json"),
+        recipe=recipe,
+        base_model=base_model,
+        extra_tags=tags,
+    )
+    card.save(destination / "README.md")
+
+
+def export_checkpoint(
+    source: str,
+    destination: str,
+    mask_token_id: int | None = None,
+    repo_id: str | None = None,
+    base_model: str | None = None,
+    summary: str | None = None,
+    recipe: str | None = None,
+) -> Path:
+    src, dst = Path(source), Path(destination)
+    if not (src / "config.json").exists():
+        raise FileNotFoundError(f"{src} has no config.json: point `wedlm-hf export` at a checkpoint folder.")
+    config = json.loads((src / "config.json").read_text())
+    if config.get("model_type") != "wedlm":
+        raise ValueError(
+            f"{src} is a {config.get('model_type')!r} checkpoint, not a WeDLM one: turn AR checkpoints into WeDLM "
+            "checkpoints with `wedlm-hf convert` (and train them) first."
+        )
+    weights = weight_files(src)
+    config["mask_token_id"] = resolve_mask_token_id(config, mask_token_id, src)
+    config["architectures"] = ["WeDLMForCausalLM"]
+    config["auto_map"] = AUTO_MAP
+    WeDLMConfig.from_dict(config)  # refuse configs our classes cannot load before writing anything
+    generation = generation_defaults(src)
+
+    if dst.resolve() == src.resolve():
+        raise ValueError("`wedlm-hf export` needs a destination different from the source folder.")
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in weights:
+        shutil.copyfile(path, dst / path.name)
+    for path in remote_code_files():
+        shutil.copyfile(path, dst / path.name)
+    for name in TOKENIZER_FILES + RECORDS:
+        if (src / name).exists():
+            shutil.copyfile(src / name, dst / name)
+    (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (dst / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    name = repo_id or dst.name
+    write_card(
+        dst, repo_id=name, model_name=name.split("/")[-1], generation_config=generation, base_model=base_model,
+        summary=summary or "A WeDLM checkpoint packaged by wedlm-hf with its remote code.", recipe=recipe,
+    )
+    return dst
