@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import torch
+import transformers
 from torch.utils.data import Dataset
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments, set_seed
 
@@ -126,7 +127,8 @@ def train(
     resume: bool = False,
     attn_implementation: str = "sdpa",
 ) -> Path:
-    """Runs training; returns the folder of the final model (with tokenizer)."""
+    """Runs training; returns the folder of the final model (with tokenizer and `training_info.json`)."""
+    arguments = {k: v for k, v in locals().items()}
     set_seed(seed)
     net, tok = load_model_and_tokenizer(model, config, tokenizer)
     net.config._attn_implementation = attn_implementation
@@ -164,11 +166,25 @@ def train(
         callbacks=[MaskingEpoch(collator)],
     )
     has_checkpoint = resume and any(p.name.startswith("checkpoint-") for p in Path(output_dir).glob("checkpoint-*"))
-    trainer.train(resume_from_checkpoint=True if has_checkpoint else None)
+    result = trainer.train(resume_from_checkpoint=True if has_checkpoint else None)
     final = Path(output_dir) / "final"
     if trainer.is_world_process_zero():
+        trainer.save_state()
         trainer.save_model(str(final))
         tok.save_pretrained(final)
+        losses = [entry for entry in trainer.state.log_history if "loss" in entry]
+        info = {
+            "arguments": arguments,
+            "samples": len(dataset),
+            "parameters": sum(p.numel() for p in net.parameters()),
+            "processes": trainer.args.world_size,
+            "train_runtime_s": result.metrics.get("train_runtime"),
+            "resumed": bool(has_checkpoint),
+            "last_logged": losses[-1] if losses else None,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        }
+        (final / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         trainer.accelerator.wait_for_everyone()
     return final

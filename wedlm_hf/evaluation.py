@@ -1,0 +1,164 @@
+"""`wedlm-hf evaluate`: quality and speed of WeDLM decoding against plain AR `generate`, on held-out items.
+
+For each low-entropy task family, items are drawn from the evaluation seed and any whose prompt occurs among the
+training items is dropped; code continuation uses held-out stdlib files. Every item is decoded both ways in the same
+process, interleaved, so the wall-clock ratio compares like with like. The JSON it writes is what model cards quote.
+"""
+
+import json
+import platform
+import random
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoTokenizer
+
+from .modeling_wedlm import WeDLMForCausalLM
+from .offline_mix import EVAL_TASK_SEED, TRAIN_TASK_SEED
+from .stdlib_corpus import stdlib_texts
+from .synthetic_tasks import FAMILIES, task_items
+
+LOW_ENTROPY = ("counting", "copying")
+
+
+def held_out_items(family: str, count: int, train_items_per_family: int) -> list[tuple[str, str]]:
+    """`count` evaluation items whose prompts never appear among the first training items of that family."""
+    seen = {q for q, _ in task_items(family, train_items_per_family, TRAIN_TASK_SEED)}
+    items, pool = [], task_items(family, count * 20, EVAL_TASK_SEED)
+    for question, answer in pool:
+        if question not in seen and question not in {q for q, _ in items}:
+            items.append((question, answer))
+        if len(items) == count:
+            break
+    return items
+
+
+def code_snippets(tokenizer, count: int, prompt_tokens: int, seed: int = 0) -> list[list[int]]:
+    """Prompts cut from held-out stdlib files at line starts."""
+    rng = random.Random(seed)
+    texts = [t for t in stdlib_texts("eval") if len(t) > 2000]
+    snippets = []
+    while len(snippets) < count:
+        text = rng.choice(texts)
+        lines = text.splitlines(keepends=True)
+        start = rng.randrange(0, max(1, len(lines) - 40))
+        ids = tokenizer("".join(lines[start : start + 40]), add_special_tokens=False)["input_ids"]
+        if len(ids) >= prompt_tokens + 8:
+            snippets.append(ids[:prompt_tokens])
+    return snippets
+
+
+class _Clock:
+    """Accumulates generated tokens and seconds of one decoding method."""
+
+    def __init__(self):
+        self.tokens, self.seconds = 0, 0.0
+
+    def run(self, fn):
+        start = time.perf_counter()
+        out = fn()
+        self.seconds += time.perf_counter() - start
+        return out
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def evaluate(
+    model_path: str,
+    items_per_family: int = 100,
+    code_items: int = 40,
+    code_prompt_tokens: int = 48,
+    code_new_tokens: int = 32,
+    train_items_per_family: int = 20000,
+    window_size: int = 16,
+    threshold: float | None = 0.4,
+    penalty: float = 0.02,
+    threads: int = 2,
+    log=print,
+) -> dict:
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = WeDLMForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    eos = tokenizer.eos_token_id
+    wedlm_args = dict(strategy="wedlm", wedlm_window_size=window_size, wedlm_entropy_threshold=threshold,
+                      wedlm_pos_penalty_factor=penalty, return_dict_in_generate=True, eos_token_id=eos, pad_token_id=eos)
+
+    def both(ids: list[int], new_tokens: int, ar_clock: _Clock, wedlm_clock: _Clock):
+        x = torch.tensor([ids])
+        ar = ar_clock.run(lambda: model.generate(x, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos,
+                                                 pad_token_id=eos))[0, len(ids) :].tolist()
+        out = wedlm_clock.run(lambda: model.generate(x, max_new_tokens=new_tokens, **wedlm_args))
+        ar_clock.tokens += len(ar)
+        wedlm_clock.tokens += out.wedlm_stats[0].tokens
+        return ar, out.sequences[0, len(ids) :].tolist(), out.wedlm_stats[0]
+
+    def strip(tokens: list[int]) -> list[int]:
+        return tokens[: tokens.index(eos)] if eos in tokens else tokens
+
+    report = {"settings": dict(model=str(model_path), window_size=window_size, entropy_threshold=threshold,
+                               pos_penalty_factor=penalty, items_per_family=items_per_family, code_items=code_items,
+                               code_prompt_tokens=code_prompt_tokens, code_new_tokens=code_new_tokens, threads=threads,
+                               torch=torch.__version__, transformers=transformers.__version__,
+                               python=platform.python_version()),
+              "families": {}}
+    for family in FAMILIES:
+        ar_clock, wedlm_clock = _Clock(), _Clock()
+        ar_hits = wedlm_hits = forwards = tokens = 0
+        items = held_out_items(family, items_per_family, train_items_per_family)
+        for question, answer in items:
+            ids = tokenizer(question, add_special_tokens=False)["input_ids"]
+            target = tokenizer(answer, add_special_tokens=False)["input_ids"]
+            ar, wedlm, stats = both(ids, len(target) + 8, ar_clock, wedlm_clock)
+            ar_hits += strip(ar) == target
+            wedlm_hits += strip(wedlm) == target
+            forwards += stats.forwards
+            tokens += stats.tokens
+        report["families"][family] = dict(
+            items=len(items), ar_exact_match=ar_hits / len(items), wedlm_exact_match=wedlm_hits / len(items),
+            tokens_per_forward=tokens / forwards, ar_tokens_per_s=ar_clock.tokens_per_s,
+            wedlm_tokens_per_s=wedlm_clock.tokens_per_s, speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
+        )
+        log(f"{family:<12} {_row(report['families'][family])}")
+
+    ar_clock, wedlm_clock = _Clock(), _Clock()
+    same = agree = forwards = tokens = total = 0
+    for ids in code_snippets(tokenizer, code_items, code_prompt_tokens):
+        ar, wedlm, stats = both(ids, code_new_tokens, ar_clock, wedlm_clock)
+        same += ar == wedlm
+        agree += sum(a == b for a, b in zip(ar, wedlm))
+        total += max(len(ar), len(wedlm))
+        forwards += stats.forwards
+        tokens += stats.tokens
+    report["code"] = dict(
+        items=code_items, identical_to_ar=same / code_items, token_agreement_with_ar=agree / total,
+        tokens_per_forward=tokens / forwards, ar_tokens_per_s=ar_clock.tokens_per_s,
+        wedlm_tokens_per_s=wedlm_clock.tokens_per_s, speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
+    )
+    code = report["code"]
+    log(f"{'code':<12} identical to AR {code['identical_to_ar']:.2f}, token agreement "
+        f"{code['token_agreement_with_ar']:.2f}, tokens/forward {code['tokens_per_forward']:.2f}, "
+        f"speed-up {code['speedup']:.2f}x")
+    return report
+
+
+def _row(r: dict) -> str:
+    return (f"exact match AR {r['ar_exact_match']:.2f} / WeDLM {r['wedlm_exact_match']:.2f}, "
+            f"tokens/forward {r['tokens_per_forward']:.2f}, tokens/s AR {r['ar_tokens_per_s']:.0f} / "
+            f"WeDLM {r['wedlm_tokens_per_s']:.0f} = {r['speedup']:.2f}x")
+
+
+def main(args) -> None:
+    from .demo import default_model_path
+
+    report = evaluate(
+        args.model or default_model_path(), items_per_family=args.items, code_items=args.code_items,
+        train_items_per_family=args.train_items_per_family, window_size=args.window_size, threshold=args.threshold,
+        penalty=args.penalty, threads=args.threads,
+    )
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"results written to {args.output}")
