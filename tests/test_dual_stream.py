@@ -135,3 +135,19 @@ def test_collator_rejects_bad_input():
         DualStreamCollator(MASK_ID, PAD, block_size=0)
     with pytest.raises(ValueError, match="at least 2 tokens"):
         DualStreamCollator(MASK_ID, PAD)([{"input_ids": [5]}])
+
+
+def test_stock_trainer_trains_it_with_no_custom_loop(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = WeDLMForCausalLM(tiny_config())
+    collator = DualStreamCollator(MASK_ID, PAD, block_size=8, seed=0)
+    data = [{"input_ids": f["input_ids"], "sample_index": i} for i, f in enumerate(features(lengths=(40,) * 8))]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=30, per_device_train_batch_size=4, learning_rate=3e-3,
+                             logging_steps=5, report_to=[], remove_unused_columns=False, use_cpu=True, save_strategy="no",
+                             disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 6 and losses[-1] < 0.7 * losses[0] and losses == sorted(losses, reverse=True)

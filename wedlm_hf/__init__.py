@@ -8,7 +8,8 @@ where this package is not installed.
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_wedlm import WeDLMConfig
-from .demo import default_model_path
+from .default_model import default_model_path
+from .dual_stream_collator import DualStreamCollator
 from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS, WeDLMGenerateOutput, generate_wedlm
 from .modeling_wedlm import WeDLMCausalLMOutput, WeDLMForCausalLM, WeDLMModel, WeDLMPreTrainedModel
 from .streaming_decoder import WeDLMStats
@@ -23,6 +24,7 @@ WeDLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 __version__ = "0.1.0"
 
 __all__ = [
+    "DualStreamCollator",
     "STRATEGIES",
     "WEDLM_GENERATION_DEFAULTS",
     "WeDLMCausalLMOutput",

@@ -96,6 +96,21 @@ def _export(args) -> None:
     print(f"Hub-ready checkpoint written to {out}")
 
 
+def _card(args) -> None:
+    from .hub_export import write_card
+
+    recipe = open(args.recipe).read() if args.recipe else None
+    out = write_card(args.model, args.output, repo_id=args.repo_id, summary=args.summary, recipe=recipe,
+                         base_model=args.base_model)
+    print(f"model card written to {out}")
+
+
+def _ship_default(args) -> None:
+    from .default_model import ship_default_model
+
+    print(f"shipped checkpoint updated: {ship_default_model(args.source)}")
+
+
 def _push(args) -> None:
     from .hub_push import push_folder
 
@@ -184,6 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--summary", default=None, help="one paragraph for the card")
     exp.add_argument("--recipe", default=None, help="a script whose text the card quotes as the training command")
     exp.set_defaults(func=_export)
+
+    card = sub.add_parser("card", help="render a model card from a checkpoint's training and evaluation records")
+    card.add_argument("model", help="checkpoint folder (generation_config.json, training_info.json, eval_results.json)")
+    card.add_argument("output", help="README.md to write")
+    card.add_argument("--repo-id", required=True, help="Hub name used in the usage example")
+    card.add_argument("--summary", default="A WeDLM model packaged by wedlm-hf.")
+    card.add_argument("--recipe", default=None, help="a script whose text the card quotes as the training command")
+    card.add_argument("--base-model", default=None)
+    card.set_defaults(func=_card)
+
+    ship = sub.add_parser("ship-default", help="copy a trained checkpoint into the package as the shipped model")
+    ship.add_argument("source", help="the `final` folder of a `wedlm-hf train` run")
+    ship.set_defaults(func=_ship_default)
 
     push = sub.add_parser("push", help="upload an export folder to the Hugging Face Hub")
     push.add_argument("folder")

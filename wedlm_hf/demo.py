@@ -1,24 +1,13 @@
 """`wedlm-hf generate`: stream a WeDLM completion as it commits, then time plain AR decoding of the same prompt."""
 
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, TextStreamer
+from transformers.utils import logging
 
+from .default_model import default_model_path
 from .modeling_wedlm import WeDLMForCausalLM
-
-DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
-
-
-def default_model_path() -> str:
-    """The folder of the small WeDLM checkpoint shipped inside the package (weights, config, tokenizer)."""
-    if not (DEFAULT_MODEL_DIR / "config.json").exists():
-        raise FileNotFoundError(
-            f"No shipped checkpoint at {DEFAULT_MODEL_DIR}: rebuild it with examples/train_default_model.sh "
-            "or pass --model PATH."
-        )
-    return str(DEFAULT_MODEL_DIR)
 
 
 def run_demo(
@@ -31,6 +20,7 @@ def run_demo(
     compare: bool = True,
     print_fn=print,
 ) -> dict:
+    logging.disable_progress_bar()
     path = model_path or default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = WeDLMForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -152,7 +152,7 @@ def _row(r: dict) -> str:
 
 
 def main(args) -> None:
-    from .demo import default_model_path
+    from .default_model import default_model_path
 
     report = evaluate(
         args.model or default_model_path(), items_per_family=args.items, code_items=args.code_items,

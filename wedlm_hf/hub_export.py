@@ -97,20 +97,24 @@ def generation_defaults(source: Path) -> dict:
     return values
 
 
-def write_card(destination: Path, repo_id: str, model_name: str, summary: str, generation_config: dict,
-               base_model: str | None = None, recipe: str | None = None, tags: list[str] | None = None) -> None:
+def write_card(model_dir, output, repo_id: str, summary: str, recipe: str | None = None,
+               base_model: str | None = None, tags: list[str] | None = None) -> Path:
+    """Renders the card of a checkpoint folder from its generation config and records into `output`."""
+    src, out = Path(model_dir), Path(output)
     card = render_model_card(
-        model_name=model_name,
+        model_name=repo_id.split("/")[-1],
         summary=summary,
         repo_id=repo_id,
-        generation_defaults=generation_config,
-        eval_results=load_json(destination / "eval_results.json"),
-        training_info=load_json(destination / "training_info.json"),
+        generation_defaults=load_json(src / "generation_config.json"),
+        eval_results=load_json(src / "eval_results.json"),
+        training_info=load_json(src / "training_info.json"),
         recipe=recipe,
         base_model=base_model,
         extra_tags=tags,
     )
-    card.save(destination / "README.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    card.save(out)
+    return out
 
 
 def export_checkpoint(
@@ -150,9 +154,6 @@ def export_checkpoint(
             shutil.copyfile(src / name, dst / name)
     (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (dst / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
-    name = repo_id or dst.name
-    write_card(
-        dst, repo_id=name, model_name=name.split("/")[-1], generation_config=generation, base_model=base_model,
-        summary=summary or "A WeDLM checkpoint packaged by wedlm-hf with its remote code.", recipe=recipe,
-    )
+    write_card(dst, dst / "README.md", repo_id=repo_id or dst.name, base_model=base_model, recipe=recipe,
+               summary=summary or "A WeDLM checkpoint packaged by wedlm-hf with its remote code.")
     return dst

@@ -13,7 +13,6 @@ from pathlib import Path
 from huggingface_hub import HfApi, get_token
 
 from .hub_export import TOKENIZER_FILES, remote_code_files, weight_files, write_card
-from .model_card import load_json
 
 REPO_ID = re.compile(r"^([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 HUB_FILES = ("config.json", "generation_config.json", "README.md")
@@ -96,9 +95,8 @@ def push_model(model, repo_id: str, tokenizer=None, token: str | None = None, pr
         if source is not None and (source / "README.md").exists():
             shutil.copyfile(source / "README.md", folder / "README.md")
         else:
-            generation = load_json(folder / "generation_config.json") or {}
-            write_card(folder, repo_id=repo_id, model_name=repo_id.split("/")[-1], generation_config=generation,
-                       summary="A WeDLM model trained or converted with wedlm-hf.", tags=tags)
+            write_card(folder, folder / "README.md", repo_id=repo_id, tags=tags,
+                       summary="A WeDLM model trained or converted with wedlm-hf.")
         return push_folder(str(folder), repo_id, token=token, private=private, revision=revision, create_pr=create_pr,
                            commit_message=commit_message or "Upload WeDLM model (wedlm-hf)",
                            commit_description=commit_description)
