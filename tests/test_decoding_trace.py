@@ -116,3 +116,32 @@ def test_distance_penalty_prefers_near_masks():
     # The budget (6 + 4) allows no new slot, so step 2 feeds the filled slot and the three other masks.
     step2 = model.calls[2]
     assert step2[0] == [[7] + [MASK_ID] * 3] and step2[1] == [[6, 7, 8, 9]]
+
+
+class Recorder(WeDLMForCausalLM):
+    """A real model that records what each forward is fed and how many logits rows it computes."""
+
+    def forward(self, input_ids=None, logits_to_keep=0, **kwargs):
+        self.calls.append((input_ids[0].tolist(), logits_to_keep, kwargs["past_key_values"].get_seq_length()))
+        return super().forward(input_ids=input_ids, logits_to_keep=logits_to_keep, **kwargs)
+
+
+def test_prompt_is_encoded_once_and_each_forward_feeds_only_the_window():
+    torch.manual_seed(0)
+    model = Recorder(tiny_config()).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50)
+    model.calls = []
+    prompt = torch.arange(20, 32)[None]
+    out = model.generate(prompt, max_new_tokens=40, strategy="wedlm", wedlm_window_size=6,
+                         wedlm_entropy_threshold=1.0, return_dict_in_generate=True)
+    (prefill, _, cached_before), *steps = model.calls
+    assert prefill == prompt[0].tolist() and cached_before == 0
+    cached = [c for _, _, c in steps]
+    assert cached[0] == 12 and cached == sorted(cached)
+    for (fed, keep, before), after in zip(steps, cached[1:] + [52]):
+        masks = fed.count(MASK_ID)
+        assert len(fed) <= 2 * 6  # the window only (W + L rows at most), on top of the cache
+        assert keep == max(masks, 1) and fed[len(fed) - masks :] == [MASK_ID] * masks  # logits for mask rows only
+        assert after - before <= len(fed) - masks  # the cache grows only by committed (filled) tokens
+    assert len(steps) == out.wedlm_stats[0].forwards and out.sequences.shape[1] == 52

@@ -1,0 +1,55 @@
+"""Held-out evaluation data, the offline corpus split, the evaluation report and the `generate` demo."""
+
+import json
+import sysconfig
+
+import torch
+from conftest import build_model
+
+from wedlm_hf.demo import run_demo
+from wedlm_hf.evaluation import evaluate, held_out_items
+from wedlm_hf.offline_mix import TRAIN_TASK_SEED, task_windows
+from wedlm_hf.stdlib_corpus import stdlib_files, stdlib_root
+from wedlm_hf.synthetic_tasks import FAMILIES, task_items
+
+
+def test_held_out_items_never_appear_in_training():
+    for family in FAMILIES:
+        train = {q for q, _ in task_items(family, 2000, TRAIN_TASK_SEED)}
+        held = held_out_items(family, 50, 2000)
+        assert len(held) == 50 and not train & {q for q, _ in held}
+
+
+def test_stdlib_split_is_disjoint_and_found_through_sysconfig():
+    assert stdlib_root() == __import__("pathlib").Path(sysconfig.get_paths()["stdlib"])
+    train, held = set(stdlib_files("train")), set(stdlib_files("eval"))
+    assert train and held and not train & held
+    assert not any("test" in p.relative_to(stdlib_root()).parts for p in train | held)
+
+
+def test_task_windows_flag_prompts_and_start_with_an_item(char_tokenizer):
+    windows = task_windows(char_tokenizer, seq_len=96, items_per_family=20)
+    assert windows and all(len(w["input_ids"]) <= 96 for w in windows)
+    for w in windows:
+        assert w["prompt_mask"][0] == 1 and len(w["prompt_mask"]) == len(w["input_ids"])
+        assert w["input_ids"][-1] == char_tokenizer.eos_token_id
+
+
+def test_evaluation_report_on_a_tiny_model(tmp_path, char_tokenizer):
+    build_model(dtype=torch.float32).save_pretrained(tmp_path, tokenizer=char_tokenizer)
+    lines = []
+    report = evaluate(str(tmp_path), items_per_family=3, code_items=2, code_prompt_tokens=16, code_new_tokens=8,
+                      train_items_per_family=200, threads=1, log=lines.append)
+    assert set(report["families"]) == set(FAMILIES) and len(lines) == len(FAMILIES) + 1
+    for r in report["families"].values():
+        assert r["items"] == 3 and 0 <= r["wedlm_exact_match"] <= 1 and r["tokens_per_forward"] > 0
+    assert report["code"]["items"] == 2 and 0 <= report["code"]["token_agreement_with_ar"] <= 1
+    json.dumps(report)
+
+
+def test_generate_demo_streams_and_compares(tmp_path, char_tokenizer, capsys):
+    build_model(dtype=torch.float32).save_pretrained(tmp_path, tokenizer=char_tokenizer)
+    report = run_demo("def f(n):", model_path=str(tmp_path), max_new_tokens=12)
+    printed = capsys.readouterr().out
+    assert printed.startswith("def f(n):") and "tokens/forward" in printed and "WeDLM / AR tokens/s" in printed
+    assert report["wedlm"]["tokens"] == 12 and report["ar"]["tokens"] == 12
