@@ -141,9 +141,7 @@ def generate_wedlm(
     model_kwargs.pop("use_cache", None)
     _refuse(bool(model_kwargs), ", ".join(sorted(model_kwargs)), "not supported by strategy='wedlm'; remove it")
 
-    window_size, threshold, penalty = (
-        _setting(explicit, config, key) for key in ("wedlm_window_size", "wedlm_entropy_threshold", "wedlm_pos_penalty_factor")
-    )
+    window_size, threshold, penalty = (_setting(explicit, config, key) for key in explicit)
     _validate_wedlm_settings(window_size, threshold, penalty)
     mask_token_id = _resolve_mask_token_id(model, config, tokenizer, mask_token_id)
     _validate_config(config, past_key_values)
@@ -205,7 +203,7 @@ def generate_wedlm(
     )
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    rows, _ = decoder.decode(input_ids, attention_mask, cache=past_key_values)
+    rows = decoder.decode(input_ids, attention_mask, cache=past_key_values)
     if streamer is not None:
         streamer.end()
 

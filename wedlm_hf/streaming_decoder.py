@@ -105,7 +105,7 @@ class StreamingDecoder:
         self.streamer = streamer
         self.keep_cache = keep_cache
 
-    def decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache=None) -> tuple[list[_Row], RaggedCache]:
+    def decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache=None) -> list[_Row]:
         """input_ids / attention_mask: left-padded (batch, T). Returns the rows in input order."""
         rows = [
             _Row(index=b, prompt=input_ids[b][attention_mask[b].bool()].tolist(), budget=self.max_new_tokens)
@@ -129,7 +129,7 @@ class StreamingDecoder:
                     kv.select_rows(survivors)
             if active:
                 kv.compact_if_needed()
-        return rows, kv
+        return rows
 
     def _step(self, active: list[_Row], kv: RaggedCache) -> None:
         device = kv.valid.device
