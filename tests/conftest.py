@@ -9,7 +9,7 @@ os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="wedlm-hf-modu
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from wedlm_hf import WeDLMConfig, WeDLMForCausalLM

@@ -10,8 +10,16 @@ from wedlm_hf.cli import build_parser
 
 def test_benchmark_reports_every_run_and_ratio():
     lines = []
-    report = run_benchmark(model=build_model(dtype=torch.float32), new_tokens=24, long_tokens=32, window_size=8,
-                           batch=2, repeats=1, threads=1, log=lines.append)
+    report = run_benchmark(
+        model=build_model(dtype=torch.float32),
+        new_tokens=24,
+        long_tokens=32,
+        window_size=8,
+        batch=2,
+        repeats=1,
+        threads=1,
+        log=lines.append,
+    )
     names = list(report["results"])
     assert names[0].startswith("AR generate") and any(n.startswith("block-wise") for n in names)
     assert set(report["ratios"]) == {"wedlm_vs_ar", "batched_vs_singles", "wedlm_vs_blockwise_long"}
@@ -26,8 +34,9 @@ def test_blockwise_baseline_equals_streaming_when_every_mask_is_accepted():
     model = build_model()
     ids = torch.randint(0, 90, (1, 6), generator=torch.Generator().manual_seed(0))
     seq, forwards = blockwise_generate(model, ids, 95, max_new_tokens=8, block_size=8, entropy_threshold=1e9)
-    streamed = model.generate(ids, strategy="wedlm", max_new_tokens=8, wedlm_window_size=8,
-                              wedlm_entropy_threshold=1e9, eos_token_id=None)
+    streamed = model.generate(
+        ids, strategy="wedlm", max_new_tokens=8, wedlm_window_size=8, wedlm_entropy_threshold=1e9, eos_token_id=None
+    )
     assert forwards == 1 and torch.equal(seq, streamed)
 
 

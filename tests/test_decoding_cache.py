@@ -1,7 +1,7 @@
 """The KV cache after WeDLM decoding is an AR prefill of the output, and it never carries many dead slots."""
 
 import torch
-from conftest import EOS_ID, build_model, prompts
+from conftest import EOS_ID, prompts
 from transformers import DynamicCache
 
 from wedlm_hf import ragged_cache
@@ -28,7 +28,9 @@ def test_final_cache_equals_ar_prefill_of_output(model64):
         full_mask[b, : width + n_new] = torch.cat([mask[b], torch.ones(n_new, dtype=torch.long)])
     prefill = DynamicCache(config=model64.config)
     with torch.no_grad():
-        model64(seq, attention_mask=full_mask, position_ids=(full_mask.cumsum(-1) - 1).clamp_min(0), past_key_values=prefill)
+        model64(
+            seq, attention_mask=full_mask, position_ids=(full_mask.cumsum(-1) - 1).clamp_min(0), past_key_values=prefill
+        )
     assert out.past_key_values.get_seq_length() == seq.shape[1]
     for layer_out, layer_ref in zip(out.past_key_values.layers, prefill.layers):
         for b in range(3):
@@ -41,9 +43,7 @@ def test_final_cache_equals_ar_prefill_of_output(model64):
 def test_user_cache_is_filled_and_returned(model64):
     ids, _ = prompts(1)
     cache = DynamicCache(config=model64.config)
-    out = model64.generate(
-        ids, max_new_tokens=8, strategy="wedlm", past_key_values=cache, return_dict_in_generate=True
-    )
+    out = model64.generate(ids, max_new_tokens=8, strategy="wedlm", past_key_values=cache, return_dict_in_generate=True)
     assert out.past_key_values is cache and cache.get_seq_length() == out.sequences.shape[1]
 
 

@@ -67,7 +67,9 @@ def test_user_processors_must_be_score_only(model64, ids):
         wedlm(model64, ids, logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.2)]))
     # A score-only warper is honoured: top-1 sampling is greedy decoding.
     greedy = wedlm(model64, ids, eos_token_id=None)
-    out = wedlm(model64, ids, eos_token_id=None, do_sample=True, logits_processor=LogitsProcessorList([TopKLogitsWarper(1)]))
+    out = wedlm(
+        model64, ids, eos_token_id=None, do_sample=True, logits_processor=LogitsProcessorList([TopKLogitsWarper(1)])
+    )
     assert torch.equal(out, greedy)
 
 
@@ -100,7 +102,7 @@ def test_unknown_strategy(model64, ids):
         model64.generate(ids, strategy="diffusion", max_new_tokens=4)
     config = GenerationConfig(max_new_tokens=4)
     config.strategy = "fast"
-    with pytest.raises(ValueError, match="generation_config.json, set its \"strategy\" entry"):
+    with pytest.raises(ValueError, match='generation_config.json, set its "strategy" entry'):
         model64.generate(ids, generation_config=config)
 
 

@@ -112,7 +112,9 @@ def test_text_iterator_streamer(model64, char_tokenizer):
     ids, _ = prompts(1)
     streamer = TextIteratorStreamer(char_tokenizer, skip_prompt=True)
     result = {}
-    thread = threading.Thread(target=lambda: result.update(out=wedlm(model64, ids, eos_token_id=None, streamer=streamer)))
+    thread = threading.Thread(
+        target=lambda: result.update(out=wedlm(model64, ids, eos_token_id=None, streamer=streamer))
+    )
     thread.start()
     text = "".join(streamer)
     thread.join()
@@ -133,8 +135,15 @@ def test_stats_count_forwards_tokens_and_rows(model64):
 
 def test_accept_all_threshold_fills_whole_window(model64):
     ids, _ = prompts(1)
-    out = wedlm(model64, ids, max_new_tokens=32, eos_token_id=None, wedlm_window_size=16,
-                wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
+    out = wedlm(
+        model64,
+        ids,
+        max_new_tokens=32,
+        eos_token_id=None,
+        wedlm_window_size=16,
+        wedlm_entropy_threshold=1e9,
+        return_dict_in_generate=True,
+    )
     stats = out.wedlm_stats[0]
     # Step 1 fills 16, step 2 commits them and fills 16 more, step 3 confirms: 3 forwards, 16 + 32 + 16 rows.
     assert (stats.forwards, stats.rows_fed) == (3, 64)
@@ -158,7 +167,9 @@ def test_entropy_uses_raw_logits_not_temperature(model64):
     """Temperature changes sampled tokens, not which masks are filled: with top_k=1 the output is greedy's."""
     ids, _ = prompts(1)
     greedy = wedlm(model64, ids, eos_token_id=None, return_dict_in_generate=True)
-    hot = wedlm(model64, ids, eos_token_id=None, do_sample=True, top_k=1, temperature=50.0, return_dict_in_generate=True)
+    hot = wedlm(
+        model64, ids, eos_token_id=None, do_sample=True, top_k=1, temperature=50.0, return_dict_in_generate=True
+    )
     assert torch.equal(hot.sequences, greedy.sequences) and hot.wedlm_stats == greedy.wedlm_stats
 
 

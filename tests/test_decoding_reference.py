@@ -93,5 +93,8 @@ def test_each_row_equals_running_it_alone(model64):
         single_ids = ids[b : b + 1, mask[b].argmax() :]
         alone = run(model64, single_ids, None, 8, 0.8, 0.02, max_new=20)
         n = alone.sequences.shape[1] - single_ids.shape[1]
-        assert batched.sequences[b, ids.shape[1] : ids.shape[1] + n].tolist() == alone.sequences[0, single_ids.shape[1] :].tolist()
+        assert (
+            batched.sequences[b, ids.shape[1] : ids.shape[1] + n].tolist()
+            == alone.sequences[0, single_ids.shape[1] :].tolist()
+        )
         assert batched.wedlm_stats[b] == alone.wedlm_stats[0]

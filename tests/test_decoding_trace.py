@@ -91,7 +91,7 @@ def test_fallback_fills_single_leftmost_mask_on_ties():
         wedlm_entropy_threshold=0.4,
         wedlm_pos_penalty_factor=0.0,
     )
-    # Uniform logits everywhere: each step fills one mask, the leftmost, so one token commits per forward after the first.
+    # Uniform logits everywhere: each step fills one mask, the leftmost; one token commits per forward after the first.
     fed_positions = [call[1][0] for call in model.calls[1:]]
     assert fed_positions[0] == [6, 7, 8]
     assert fed_positions[1] == [6, 7, 8]  # slot 6 filled, fed first; 7 and 8 still masks
@@ -133,8 +133,14 @@ def test_prompt_is_encoded_once_and_each_forward_feeds_only_the_window():
         model.lm_head.weight.mul_(50)
     model.calls = []
     prompt = torch.arange(20, 32)[None]
-    out = model.generate(prompt, max_new_tokens=40, strategy="wedlm", wedlm_window_size=6,
-                         wedlm_entropy_threshold=1.0, return_dict_in_generate=True)
+    out = model.generate(
+        prompt,
+        max_new_tokens=40,
+        strategy="wedlm",
+        wedlm_window_size=6,
+        wedlm_entropy_threshold=1.0,
+        return_dict_in_generate=True,
+    )
     (prefill, _, cached_before), *steps = model.calls
     assert prefill == prompt[0].tolist() and cached_before == 0
     cached = [c for _, _, c in steps]

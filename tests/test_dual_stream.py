@@ -22,7 +22,9 @@ def features(seed=0, lengths=(40, 27)):
 
 
 def collate(block_size=8, seed=0, feats=None):
-    return DualStreamCollator(MASK_ID, PAD, block_size, generator=torch.Generator().manual_seed(seed))(feats or features())
+    return DualStreamCollator(MASK_ID, PAD, block_size, generator=torch.Generator().manual_seed(seed))(
+        feats or features()
+    )
 
 
 def test_layout_positions_labels_and_prompt():
@@ -103,8 +105,9 @@ def test_loss_halves_and_normalised_weights():
     logits = torch.randn(2, 80, 96)
     total, ar, mlm = dual_stream_loss(logits, batch["labels"], batch["label_weights"])
     assert total == pytest.approx(float((ar + mlm) / 2))
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, 96), batch["labels"].reshape(-1), reduction="none",
-                                           ignore_index=-100).view(2, 80)
+    ce = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, 96), batch["labels"].reshape(-1), reduction="none", ignore_index=-100
+    ).view(2, 80)
     x0 = batch["labels"][:, :40] != -100
     assert ar == pytest.approx(float(ce[:, :40][x0].mean()))
     w = batch["label_weights"][:, 40:]
@@ -144,9 +147,18 @@ def test_stock_trainer_trains_it_with_no_custom_loop(tmp_path):
     model = WeDLMForCausalLM(tiny_config())
     collator = DualStreamCollator(MASK_ID, PAD, block_size=8, seed=0)
     data = [{"input_ids": f["input_ids"], "sample_index": i} for i, f in enumerate(features(lengths=(40,) * 8))]
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=30, per_device_train_batch_size=4, learning_rate=3e-3,
-                             logging_steps=5, report_to=[], remove_unused_columns=False, use_cpu=True, save_strategy="no",
-                             disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=30,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        logging_steps=5,
+        report_to=[],
+        remove_unused_columns=False,
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

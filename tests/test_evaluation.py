@@ -38,8 +38,16 @@ def test_task_windows_flag_prompts_and_start_with_an_item(char_tokenizer):
 def test_evaluation_report_on_a_tiny_model(tmp_path, char_tokenizer):
     build_model(dtype=torch.float32).save_pretrained(tmp_path, tokenizer=char_tokenizer)
     lines = []
-    report = evaluate(str(tmp_path), items_per_family=3, code_items=2, code_prompt_tokens=16, code_new_tokens=8,
-                      train_items_per_family=200, threads=1, log=lines.append)
+    report = evaluate(
+        str(tmp_path),
+        items_per_family=3,
+        code_items=2,
+        code_prompt_tokens=16,
+        code_new_tokens=8,
+        train_items_per_family=200,
+        threads=1,
+        log=lines.append,
+    )
     assert set(report["families"]) == set(FAMILIES) and len(lines) == len(FAMILIES) + 1
     for r in report["families"].values():
         assert r["items"] == 3 and 0 <= r["wedlm_exact_match"] <= 1 and r["tokens_per_forward"] > 0

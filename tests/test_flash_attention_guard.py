@@ -31,8 +31,19 @@ def flash_fn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **kwargs)
     return torch.stack([_attend(q[b], k[b], v[b], causal, softmax_scale) for b in range(q.shape[0])])
 
 
-def flash_varlen_fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, dropout_p=0.0,
-                    softmax_scale=None, causal=False, **kwargs):
+def flash_varlen_fn(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    **kwargs,
+):
     out = torch.empty_like(q)
     for i in range(len(cu_seqlens_q) - 1):
         qs, qe, ks, ke = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(cu_seqlens_k[i]), int(cu_seqlens_k[i + 1])
@@ -46,7 +57,10 @@ def emulated_flash(monkeypatch):
     monkeypatch.setattr(
         fa_utils,
         "lazy_import_flash_attention",
-        lambda *a, **k: ((flash_fn, flash_varlen_fn, None, fa_utils._pad_input, fa_utils._unpad_input), (process, dict)),
+        lambda *a, **k: (
+            (flash_fn, flash_varlen_fn, None, fa_utils._pad_input, fa_utils._unpad_input),
+            (process, dict),
+        ),
     )
 
 
@@ -58,8 +72,14 @@ def flash_model():
 
 def decode(model, ids, mask=None):
     return model.generate(
-        ids, attention_mask=mask, max_new_tokens=16, strategy="wedlm", wedlm_window_size=6,
-        wedlm_entropy_threshold=0.8, eos_token_id=EOS_ID, pad_token_id=EOS_ID,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=16,
+        strategy="wedlm",
+        wedlm_window_size=6,
+        wedlm_entropy_threshold=0.8,
+        eos_token_id=EOS_ID,
+        pad_token_id=EOS_ID,
     )
 
 

@@ -8,8 +8,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from wedlm_hf import generate_wedlm
 
-SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             vocab_size=96, max_position_embeddings=512)
+SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=96,
+    max_position_embeddings=512,
+)
 
 
 @pytest.mark.parametrize(
@@ -22,8 +29,16 @@ def test_stock_models_decode_like_the_reference(config):
     model = peaky(type_of(config)(config)).double().eval()
     ids, mask = prompts(2)
     out = generate_wedlm(
-        model, ids, attention_mask=mask, mask_token_id=MASK_ID, max_new_tokens=16, wedlm_window_size=6,
-        wedlm_entropy_threshold=0.8, eos_token_id=EOS_ID, pad_token_id=EOS_ID, return_dict_in_generate=True,
+        model,
+        ids,
+        attention_mask=mask,
+        mask_token_id=MASK_ID,
+        max_new_tokens=16,
+        wedlm_window_size=6,
+        wedlm_entropy_threshold=0.8,
+        eos_token_id=EOS_ID,
+        pad_token_id=EOS_ID,
+        return_dict_in_generate=True,
     )
     for b in range(2):
         prompt = ids[b][mask[b].bool()].tolist()

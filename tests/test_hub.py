@@ -21,7 +21,9 @@ from wedlm_hf.custom_generate_export import export_custom_generate
 from wedlm_hf.hub_export import export_checkpoint, remote_code_files
 
 CODE_FILES = {p.name for p in remote_code_files()}
-DECODE = dict(max_new_tokens=12, wedlm_window_size=5, wedlm_entropy_threshold=0.9, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+DECODE = dict(
+    max_new_tokens=12, wedlm_window_size=5, wedlm_entropy_threshold=0.9, eos_token_id=EOS_ID, pad_token_id=EOS_ID
+)
 
 # Runs in a fresh interpreter in which `import wedlm_hf` fails, as on a machine with transformers alone.
 WITHOUT_PACKAGE = textwrap.dedent(
@@ -58,8 +60,14 @@ def run_without_package(folder: Path, tmp_path: Path, dtype=torch.float32) -> di
     ids, mask = prompts(2)
     request = json.dumps({"ids": ids.tolist(), "mask": mask.tolist(), "decode": DECODE})
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", WITHOUT_PACKAGE, str(folder), request], env=env,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PACKAGE, str(folder), request],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.split("RESULT ", 1)[1])
 
@@ -108,9 +116,17 @@ def test_remote_code_loads_and_decodes_without_the_package(tmp_path):
 def released_checkpoint(folder: Path) -> WeDLMForCausalLM:
     """A tiny checkpoint shaped like the released ones: Qwen vocabulary, mask id null, the authors' remote code."""
     torch.manual_seed(0)
-    config = WeDLMConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, vocab_size=151936, qk_norm=True, attention_bias=False,
-                         max_position_embeddings=512)
+    config = WeDLMConfig(
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=151936,
+        qk_norm=True,
+        attention_bias=False,
+        max_position_embeddings=512,
+    )
     model = WeDLMForCausalLM(config).eval()
     model.save_pretrained(folder)
     for name in CODE_FILES:
@@ -118,8 +134,13 @@ def released_checkpoint(folder: Path) -> WeDLMForCausalLM:
     (folder / "modeling_wedlm.py").write_text("# the authors' remote code\n")
     (folder / "configuration_wedlm.py").write_text("# the authors' remote code\n")
     raw = json.loads((folder / "config.json").read_text())
-    raw.update(mask_token_id=None, auto_map={"AutoConfig": "configuration_wedlm.WeDLMConfig",
-                                             "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM"})
+    raw.update(
+        mask_token_id=None,
+        auto_map={
+            "AutoConfig": "configuration_wedlm.WeDLMConfig",
+            "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM",
+        },
+    )
     (folder / "config.json").write_text(json.dumps(raw))
     (folder / "generation_config.json").unlink()
     return model
@@ -156,8 +177,12 @@ def test_export_errors_say_what_to_do(tmp_path):
     build_model(mask_token_id=None).save_pretrained(small)
     with pytest.raises(ValueError, match="no mask_token_id.*--mask-token-id"):
         export_checkpoint(small, tmp_path / "out")
-    assert json.loads((export_checkpoint(small, tmp_path / "out", mask_token_id=95) / "config.json").read_text())[
-        "mask_token_id"] == 95
+    assert (
+        json.loads((export_checkpoint(small, tmp_path / "out", mask_token_id=95) / "config.json").read_text())[
+            "mask_token_id"
+        ]
+        == 95
+    )
 
     generation = json.loads((small / "generation_config.json").read_text())
     generation["strategy"] = "turbo"
@@ -166,8 +191,16 @@ def test_export_errors_say_what_to_do(tmp_path):
         export_checkpoint(small, tmp_path / "out2", mask_token_id=95)
 
     qwen = tmp_path / "qwen"
-    Qwen3ForCausalLM(Qwen3Config(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                 num_key_value_heads=1, vocab_size=96)).save_pretrained(qwen)
+    Qwen3ForCausalLM(
+        Qwen3Config(
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=96,
+        )
+    ).save_pretrained(qwen)
     with pytest.raises(ValueError, match="wedlm-hf convert"):
         export_checkpoint(qwen, tmp_path / "out3")
 
@@ -176,11 +209,25 @@ def test_card_metadata_and_measured_statistics(tmp_path, char_tokenizer):
     src = tmp_path / "src"
     build_model(dtype=torch.float32).save_pretrained(src, tokenizer=char_tokenizer)
     results = {
-        "settings": {"window_size": 16, "entropy_threshold": 0.4, "pos_penalty_factor": 0.02, "threads": 2,
-                     "torch": "t", "transformers": "x"},
-        "families": {"counting": {"items": 10, "ar_exact_match": 0.9, "wedlm_exact_match": 0.8,
-                                  "tokens_per_forward": 4.25, "ar_tokens_per_s": 100.0, "wedlm_tokens_per_s": 310.0,
-                                  "speedup": 3.1}},
+        "settings": {
+            "window_size": 16,
+            "entropy_threshold": 0.4,
+            "pos_penalty_factor": 0.02,
+            "threads": 2,
+            "torch": "t",
+            "transformers": "x",
+        },
+        "families": {
+            "counting": {
+                "items": 10,
+                "ar_exact_match": 0.9,
+                "wedlm_exact_match": 0.8,
+                "tokens_per_forward": 4.25,
+                "ar_tokens_per_s": 100.0,
+                "wedlm_tokens_per_s": 310.0,
+                "speedup": 3.1,
+            }
+        },
     }
     (src / "eval_results.json").write_text(json.dumps(results))
     export_checkpoint(src, tmp_path / "out", repo_id="me/tiny-wedlm", base_model="Qwen/Qwen3-8B")
@@ -219,8 +266,17 @@ def test_push_command_uploads_the_export_folder(tmp_path, char_tokenizer, fake_h
     build_model(dtype=torch.float32).save_pretrained(tmp_path / "src", tokenizer=char_tokenizer)
     export_checkpoint(tmp_path / "src", tmp_path / "out")
     cli(["push", str(tmp_path / "out"), "me/tiny-wedlm"])
-    expected = sorted(CODE_FILES | {"README.md", "config.json", "generation_config.json", "model.safetensors",
-                                     "tokenizer.json", "tokenizer_config.json"})
+    expected = sorted(
+        CODE_FILES
+        | {
+            "README.md",
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        }
+    )
     assert fake_hub["repo"] == "me/tiny-wedlm" and fake_hub["files"] == expected
     assert fake_hub["token"] == "hf_test_token"
 
@@ -228,8 +284,17 @@ def test_push_command_uploads_the_export_folder(tmp_path, char_tokenizer, fake_h
 def test_model_push_to_hub_uploads_weights_code_tokenizer_and_card(tmp_path, char_tokenizer, fake_hub):
     model = build_model(dtype=torch.float32)
     model.push_to_hub("me/pushed", tokenizer=char_tokenizer)
-    expected = sorted(CODE_FILES | {"README.md", "config.json", "generation_config.json", "model.safetensors",
-                                     "tokenizer.json", "tokenizer_config.json"})
+    expected = sorted(
+        CODE_FILES
+        | {
+            "README.md",
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        }
+    )
     assert fake_hub["files"] == expected
     meta = yaml.safe_load(fake_hub["card"].split("---")[1])
     assert meta["library_name"] == "transformers" and "wedlm" in meta["tags"]
@@ -262,12 +327,30 @@ def test_custom_generate_on_models_with_their_own_code(tmp_path):
     assert "custom_generate" in meta["tags"]
     ids, mask = prompts(2)
     torch.manual_seed(0)
-    stock = peaky(Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in tiny_config().to_dict().items()
-                                                  if k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                           "num_attention_heads", "num_key_value_heads", "vocab_size",
-                                                           "head_dim", "max_position_embeddings")}))).eval()
-    via_hub = stock.generate(ids, attention_mask=mask, custom_generate=str(folder), trust_remote_code=True,
-                             mask_token_id=MASK_ID, **DECODE)
+    stock = peaky(
+        Qwen3ForCausalLM(
+            Qwen3Config(
+                **{
+                    k: v
+                    for k, v in tiny_config().to_dict().items()
+                    if k
+                    in (
+                        "hidden_size",
+                        "intermediate_size",
+                        "num_hidden_layers",
+                        "num_attention_heads",
+                        "num_key_value_heads",
+                        "vocab_size",
+                        "head_dim",
+                        "max_position_embeddings",
+                    )
+                }
+            )
+        )
+    ).eval()
+    via_hub = stock.generate(
+        ids, attention_mask=mask, custom_generate=str(folder), trust_remote_code=True, mask_token_id=MASK_ID, **DECODE
+    )
     installed = generate_wedlm(stock, ids, attention_mask=mask, mask_token_id=MASK_ID, **DECODE)
     assert torch.equal(via_hub, installed)
 
@@ -285,8 +368,9 @@ def test_custom_generate_on_models_with_their_own_code(tmp_path):
 
     custom = AutoModelForCausalLM.from_pretrained(own, trust_remote_code=True).eval()
     assert type(custom).__name__ == "CustomForCausalLM"
-    out = custom.generate(ids, attention_mask=mask, custom_generate=str(folder), trust_remote_code=True,
-                          mask_token_id=MASK_ID, **DECODE)
+    out = custom.generate(
+        ids, attention_mask=mask, custom_generate=str(folder), trust_remote_code=True, mask_token_id=MASK_ID, **DECODE
+    )
     assert torch.equal(out, installed)
 
 
@@ -295,8 +379,9 @@ def test_pipeline_passes_strategy_through(tmp_path, char_tokenizer):
     model.save_pretrained(tmp_path, tokenizer=char_tokenizer)
     pipe = pipeline("text-generation", model=str(tmp_path), trust_remote_code=True)
     prompt = "hello"
-    text = pipe(prompt, strategy="wedlm", max_new_tokens=10, wedlm_window_size=4, eos_token_id=None,
-                return_full_text=False)[0]["generated_text"]
+    text = pipe(
+        prompt, strategy="wedlm", max_new_tokens=10, wedlm_window_size=4, eos_token_id=None, return_full_text=False
+    )[0]["generated_text"]
     ids = char_tokenizer(prompt, return_tensors="pt").input_ids
     direct = model.generate(ids, strategy="wedlm", max_new_tokens=10, wedlm_window_size=4, eos_token_id=None)
     assert text == char_tokenizer.decode(direct[0, ids.shape[1] :])

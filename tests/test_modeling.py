@@ -17,7 +17,14 @@ from transformers import (
 
 from wedlm_hf import WEDLM_GENERATION_DEFAULTS, WeDLMConfig, WeDLMForCausalLM
 
-SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
+SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=96,
+)
 
 
 def test_config_defaults_follow_the_released_configs():
@@ -31,7 +38,10 @@ def test_config_defaults_follow_the_released_configs():
 def test_released_style_config_json_loads(tmp_path):
     released = {
         "architectures": ["WeDLMForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_wedlm.WeDLMConfig", "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM"},
+        "auto_map": {
+            "AutoConfig": "configuration_wedlm.WeDLMConfig",
+            "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM",
+        },
         "model_type": "wedlm",
         "attention_bias": False,
         "qk_norm": True,

@@ -25,8 +25,14 @@ from transformers import (
 from wedlm_hf import WeDLMForCausalLM
 from wedlm_hf.cli import main as cli
 
-SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-             max_position_embeddings=128)
+SHAPE = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=128,
+)
 
 
 def char_tokenizer_without_mask() -> PreTrainedTokenizerFast:
@@ -84,17 +90,43 @@ def setup_dir(tmp_path_factory):
     tok.add_special_tokens({"mask_token": "<|mask|>"})
     tok.save_pretrained(root / "tok")
     (root / "config.json").write_text(json.dumps({**SHAPE, "head_dim": 16, "qk_norm": True, "attention_bias": False}))
-    lines = [json.dumps({"prompt": f"count {i}:", "completion": " " + " ".join(str(i + k) for k in range(6))})
-             for i in range(40)]
+    lines = [
+        json.dumps({"prompt": f"count {i}:", "completion": " " + " ".join(str(i + k) for k in range(6))})
+        for i in range(40)
+    ]
     (root / "data.jsonl").write_text("\n".join(lines))
     return root
 
 
 def train_args(root: Path, out: Path, *extra) -> list[str]:
-    return ["train", "--config", str(root / "config.json"), "--tokenizer", str(root / "tok"), "--data",
-            str(root / "data.jsonl"), "--output-dir", str(out), "--seq-len", "32", "--block-size", "8",
-            "--batch-size", "4", "--max-steps", "6", "--lr", "3e-3", "--logging-steps", "2", "--save-steps", "3",
-            "--seed", "0", *extra]
+    return [
+        "train",
+        "--config",
+        str(root / "config.json"),
+        "--tokenizer",
+        str(root / "tok"),
+        "--data",
+        str(root / "data.jsonl"),
+        "--output-dir",
+        str(out),
+        "--seq-len",
+        "32",
+        "--block-size",
+        "8",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "6",
+        "--lr",
+        "3e-3",
+        "--logging-steps",
+        "2",
+        "--save-steps",
+        "3",
+        "--seed",
+        "0",
+        *extra,
+    ]
 
 
 def weights(folder: Path) -> dict:
@@ -133,9 +165,25 @@ def test_two_processes_under_accelerate_launch(setup_dir, tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     # `--multi_gpu` is accelerate's multi-process launcher (torchrun); without GPUs Trainer joins the ranks over gloo.
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-           "-m", "wedlm_hf.cli", *train_args(setup_dir, tmp_path / "ddp")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(port),
+        "-m",
+        "wedlm_hf.cli",
+        *train_args(setup_dir, tmp_path / "ddp"),
+    ]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads((tmp_path / "ddp" / "checkpoint-6" / "trainer_state.json").read_text())

@@ -68,20 +68,36 @@ def run_benchmark(
     one = prompts[:1]
     params = sum(p.numel() for p in model.parameters())
     wedlm_args = dict(
-        strategy="wedlm", wedlm_window_size=window_size, wedlm_entropy_threshold=threshold,
-        wedlm_pos_penalty_factor=penalty, eos_token_id=None, return_dict_in_generate=True,
+        strategy="wedlm",
+        wedlm_window_size=window_size,
+        wedlm_entropy_threshold=threshold,
+        wedlm_pos_penalty_factor=penalty,
+        eos_token_id=None,
+        return_dict_in_generate=True,
     )
-    log(f"model: {params / 1e6:.1f}M parameters, {torch.get_num_threads()} threads; prompts {batch} x {prompt_len}; "
-        f"W={window_size}, tau={threshold}, lambda={penalty}; median of {repeats} runs")
+    log(
+        f"model: {params / 1e6:.1f}M parameters, {torch.get_num_threads()} threads; prompts {batch} x {prompt_len}; "
+        f"W={window_size}, tau={threshold}, lambda={penalty}; median of {repeats} runs"
+    )
     rows, results = [], {}
 
     def record(name, tokens, forwards, rows_fed, seconds):
-        results[name] = dict(tokens=tokens, forwards=forwards, tokens_per_forward=tokens / forwards,
-                             p_cache=tokens / rows_fed if rows_fed else None, seconds=seconds, tokens_per_s=tokens / seconds)
+        results[name] = dict(
+            tokens=tokens,
+            forwards=forwards,
+            tokens_per_forward=tokens / forwards,
+            p_cache=tokens / rows_fed if rows_fed else None,
+            seconds=seconds,
+            tokens_per_s=tokens / seconds,
+        )
         rows.append(name)
 
-    t, _ = _timed(lambda: model.generate(one, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                         do_sample=False, eos_token_id=None), repeats)
+    t, _ = _timed(
+        lambda: model.generate(
+            one, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None
+        ),
+        repeats,
+    )
     record(f"AR generate, {new_tokens} tokens", new_tokens, new_tokens, new_tokens, t)
     ar = results[rows[-1]]
 
@@ -92,16 +108,26 @@ def run_benchmark(
 
     t_batch, out = _timed(lambda: model.generate(prompts, max_new_tokens=new_tokens, **wedlm_args), repeats)
     stats = out.wedlm_stats
-    record(f"WeDLM batched x{batch}", sum(s.tokens for s in stats), max(s.forwards for s in stats),
-           sum(s.rows_fed for s in stats), t_batch)
+    record(
+        f"WeDLM batched x{batch}",
+        sum(s.tokens for s in stats),
+        max(s.forwards for s in stats),
+        sum(s.rows_fed for s in stats),
+        t_batch,
+    )
     batched = results[rows[-1]]
 
     def singles():
         return [model.generate(prompts[b : b + 1], max_new_tokens=new_tokens, **wedlm_args) for b in range(batch)]
 
     t_single, outs = _timed(singles, repeats)
-    record(f"WeDLM {batch} single runs", sum(o.wedlm_stats[0].tokens for o in outs),
-           sum(o.wedlm_stats[0].forwards for o in outs), sum(o.wedlm_stats[0].rows_fed for o in outs), t_single)
+    record(
+        f"WeDLM {batch} single runs",
+        sum(o.wedlm_stats[0].tokens for o in outs),
+        sum(o.wedlm_stats[0].forwards for o in outs),
+        sum(o.wedlm_stats[0].rows_fed for o in outs),
+        t_single,
+    )
     singles_result = results[rows[-1]]
 
     ratios = {
@@ -123,8 +149,10 @@ def run_benchmark(
     for name in rows:
         r = results[name]
         p_cache = f"{r['p_cache']:.2f}" if r["p_cache"] is not None else "-"
-        log(f"{name:<38}{r['tokens']:>8}{r['forwards']:>10}{r['tokens_per_forward']:>9.2f}{p_cache:>9}"
-            f"{r['seconds']:>9.3f}{r['tokens_per_s']:>9.1f}")
+        log(
+            f"{name:<38}{r['tokens']:>8}{r['forwards']:>10}{r['tokens_per_forward']:>9.2f}{p_cache:>9}"
+            f"{r['seconds']:>9.3f}{r['tokens_per_s']:>9.1f}"
+        )
     log(f"WeDLM / AR generate tokens/s: {ratios['wedlm_vs_ar']:.2f}x")
     log(f"batched x{batch} / {batch} single runs, tokens/s: {ratios['batched_vs_singles']:.2f}x")
     if "wedlm_vs_blockwise_long" in ratios:
@@ -137,8 +165,15 @@ def main(args) -> None:
     if args.model:
         model = WeDLMForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     report = run_benchmark(
-        model=model, new_tokens=args.new_tokens, long_tokens=args.long_tokens, window_size=args.window_size,
-        threshold=args.threshold, penalty=args.penalty, batch=args.batch, repeats=args.repeats, threads=args.threads,
+        model=model,
+        new_tokens=args.new_tokens,
+        long_tokens=args.long_tokens,
+        window_size=args.window_size,
+        threshold=args.threshold,
+        penalty=args.penalty,
+        batch=args.batch,
+        repeats=args.repeats,
+        threads=args.threads,
     )
     if args.json:
         with open(args.json, "w") as f:

@@ -11,7 +11,9 @@ def _threshold(value: str) -> float | None:
 def _add_decoding_args(parser: argparse.ArgumentParser, threshold: float = 0.4) -> None:
     parser.add_argument("--window-size", type=int, default=16, help="W: uncommitted slots in the window (16)")
     parser.add_argument(
-        "--threshold", type=_threshold, default=threshold,
+        "--threshold",
+        type=_threshold,
+        default=threshold,
         help=f"tau: entropy threshold in nats, or 'none' for one token per forward ({threshold:g})",
     )
     parser.add_argument("--penalty", type=float, default=0.02, help="lambda: distance penalty per slot (0.02)")
@@ -91,8 +93,15 @@ def _export(args) -> None:
     from .hub_export import export_checkpoint
 
     recipe = open(args.recipe).read() if args.recipe else None
-    out = export_checkpoint(args.source, args.destination, mask_token_id=args.mask_token_id, repo_id=args.repo_id,
-                            base_model=args.base_model, summary=args.summary, recipe=recipe)
+    out = export_checkpoint(
+        args.source,
+        args.destination,
+        mask_token_id=args.mask_token_id,
+        repo_id=args.repo_id,
+        base_model=args.base_model,
+        summary=args.summary,
+        recipe=recipe,
+    )
     print(f"Hub-ready checkpoint written to {out}")
 
 
@@ -100,8 +109,9 @@ def _card(args) -> None:
     from .hub_export import write_card
 
     recipe = open(args.recipe).read() if args.recipe else None
-    out = write_card(args.model, args.output, repo_id=args.repo_id, summary=args.summary, recipe=recipe,
-                         base_model=args.base_model)
+    out = write_card(
+        args.model, args.output, repo_id=args.repo_id, summary=args.summary, recipe=recipe, base_model=args.base_model
+    )
     print(f"model card written to {out}")
 
 

@@ -6,8 +6,13 @@ from pathlib import Path
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 SHIPPED_FILES = (
-    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "training_info.json",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "training_info.json",
 )
 MAX_BYTES = 25 * 1024 * 1024
 
@@ -33,7 +38,9 @@ def ship_default_model(source: str) -> Path:
     if not weights.exists():
         raise FileNotFoundError(f"{src} has no model.safetensors: pass the `final` folder of a `wedlm-hf train` run.")
     if weights.stat().st_size > MAX_BYTES:
-        raise ValueError(f"{weights} is {weights.stat().st_size / 2**20:.1f} MiB; the shipped model must stay under 25 MiB.")
+        raise ValueError(
+            f"{weights} is {weights.stat().st_size / 2**20:.1f} MiB; the shipped model must stay under 25 MiB."
+        )
     DEFAULT_MODEL_DIR.mkdir(exist_ok=True)
     for name in SHIPPED_FILES:
         if (src / name).exists():

@@ -30,22 +30,31 @@ def run_demo(
     print_fn(prompt, end="", flush=True)
     start = time.perf_counter()
     out = model.generate(
-        ids, strategy="wedlm", wedlm_window_size=window_size, wedlm_entropy_threshold=threshold,
-        wedlm_pos_penalty_factor=penalty, streamer=TextStreamer(tokenizer, skip_prompt=True),
-        return_dict_in_generate=True, **options,
+        ids,
+        strategy="wedlm",
+        wedlm_window_size=window_size,
+        wedlm_entropy_threshold=threshold,
+        wedlm_pos_penalty_factor=penalty,
+        streamer=TextStreamer(tokenizer, skip_prompt=True),
+        return_dict_in_generate=True,
+        **options,
     )
     wedlm_seconds = time.perf_counter() - start
     stats = out.wedlm_stats[0]
     report = {"wedlm": {**stats.to_dict(), "seconds": wedlm_seconds, "tokens_per_s": stats.tokens / wedlm_seconds}}
-    print_fn(f"\n--\nWeDLM (W={window_size}, tau={threshold}, lambda={penalty}): {stats.tokens} tokens in "
-             f"{stats.forwards} forwards = {stats.tokens_per_forward:.2f} tokens/forward, p_cache {stats.p_cache:.2f}, "
-             f"{report['wedlm']['tokens_per_s']:.1f} tokens/s")
+    print_fn(
+        f"\n--\nWeDLM (W={window_size}, tau={threshold}, lambda={penalty}): {stats.tokens} tokens in "
+        f"{stats.forwards} forwards = {stats.tokens_per_forward:.2f} tokens/forward, p_cache {stats.p_cache:.2f}, "
+        f"{report['wedlm']['tokens_per_s']:.1f} tokens/s"
+    )
     if compare:
         start = time.perf_counter()
         ar = model.generate(ids, do_sample=False, **options)
         ar_seconds = time.perf_counter() - start
         ar_tokens = ar.shape[1] - ids.shape[1]
         report["ar"] = {"tokens": ar_tokens, "seconds": ar_seconds, "tokens_per_s": ar_tokens / ar_seconds}
-        print_fn(f"plain AR generate: {ar_tokens} tokens = 1.00 tokens/forward, {report['ar']['tokens_per_s']:.1f} tokens/s")
+        print_fn(
+            f"plain AR generate: {ar_tokens} tokens = 1.00 tokens/forward, {report['ar']['tokens_per_s']:.1f} tokens/s"
+        )
         print_fn(f"WeDLM / AR tokens/s: {report['wedlm']['tokens_per_s'] / report['ar']['tokens_per_s']:.2f}x")
     return report

@@ -84,9 +84,15 @@ class DualStreamCollator:
             masks = block[is_masked[block]]
             padding = block[~real[block]]
             order.append(torch.cat([observed, masks, padding]))
-            masked.append(torch.cat([torch.zeros(observed.numel(), dtype=torch.bool),
-                                     torch.ones(masks.numel(), dtype=torch.bool),
-                                     torch.zeros(padding.numel(), dtype=torch.bool)]))
+            masked.append(
+                torch.cat(
+                    [
+                        torch.zeros(observed.numel(), dtype=torch.bool),
+                        torch.ones(masks.numel(), dtype=torch.bool),
+                        torch.zeros(padding.numel(), dtype=torch.bool),
+                    ]
+                )
+            )
             weights.append(torch.full((block.numel(),), 1.0 / gamma))
         order, masked, weights = torch.cat(order), torch.cat(masked), torch.cat(weights)
         xt_tokens = torch.where(masked, self.mask_token_id, tokens[order])

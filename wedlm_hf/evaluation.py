@@ -84,13 +84,21 @@ def evaluate(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = WeDLMForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
-    wedlm_args = dict(strategy="wedlm", wedlm_window_size=window_size, wedlm_entropy_threshold=threshold,
-                      wedlm_pos_penalty_factor=penalty, return_dict_in_generate=True, eos_token_id=eos, pad_token_id=eos)
+    wedlm_args = dict(
+        strategy="wedlm",
+        wedlm_window_size=window_size,
+        wedlm_entropy_threshold=threshold,
+        wedlm_pos_penalty_factor=penalty,
+        return_dict_in_generate=True,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
 
     def both(ids: list[int], new_tokens: int, ar_clock: _Clock, wedlm_clock: _Clock):
         x = torch.tensor([ids])
-        ar = ar_clock.run(lambda: model.generate(x, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos,
-                                                 pad_token_id=eos))[0, len(ids) :].tolist()
+        ar = ar_clock.run(
+            lambda: model.generate(x, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        )[0, len(ids) :].tolist()
         out = wedlm_clock.run(lambda: model.generate(x, max_new_tokens=new_tokens, **wedlm_args))
         ar_clock.tokens += len(ar)
         wedlm_clock.tokens += out.wedlm_stats[0].tokens
@@ -99,12 +107,23 @@ def evaluate(
     def strip(tokens: list[int]) -> list[int]:
         return tokens[: tokens.index(eos)] if eos in tokens else tokens
 
-    report = {"settings": dict(model=str(model_path), window_size=window_size, entropy_threshold=threshold,
-                               pos_penalty_factor=penalty, items_per_family=items_per_family, code_items=code_items,
-                               code_prompt_tokens=code_prompt_tokens, code_new_tokens=code_new_tokens, threads=threads,
-                               torch=torch.__version__, transformers=transformers.__version__,
-                               python=platform.python_version()),
-              "families": {}}
+    report = {
+        "settings": dict(
+            model=str(model_path),
+            window_size=window_size,
+            entropy_threshold=threshold,
+            pos_penalty_factor=penalty,
+            items_per_family=items_per_family,
+            code_items=code_items,
+            code_prompt_tokens=code_prompt_tokens,
+            code_new_tokens=code_new_tokens,
+            threads=threads,
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+            python=platform.python_version(),
+        ),
+        "families": {},
+    }
     for family in FAMILIES:
         ar_clock, wedlm_clock = _Clock(), _Clock()
         ar_hits = wedlm_hits = forwards = tokens = 0
@@ -118,9 +137,13 @@ def evaluate(
             forwards += stats.forwards
             tokens += stats.tokens
         report["families"][family] = dict(
-            items=len(items), ar_exact_match=ar_hits / len(items), wedlm_exact_match=wedlm_hits / len(items),
-            tokens_per_forward=tokens / forwards, ar_tokens_per_s=ar_clock.tokens_per_s,
-            wedlm_tokens_per_s=wedlm_clock.tokens_per_s, speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
+            items=len(items),
+            ar_exact_match=ar_hits / len(items),
+            wedlm_exact_match=wedlm_hits / len(items),
+            tokens_per_forward=tokens / forwards,
+            ar_tokens_per_s=ar_clock.tokens_per_s,
+            wedlm_tokens_per_s=wedlm_clock.tokens_per_s,
+            speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
         )
         log(f"{family:<12} {_row(report['families'][family])}")
 
@@ -134,30 +157,43 @@ def evaluate(
         forwards += stats.forwards
         tokens += stats.tokens
     report["code"] = dict(
-        items=code_items, identical_to_ar=same / code_items, token_agreement_with_ar=agree / total,
-        tokens_per_forward=tokens / forwards, ar_tokens_per_s=ar_clock.tokens_per_s,
-        wedlm_tokens_per_s=wedlm_clock.tokens_per_s, speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
+        items=code_items,
+        identical_to_ar=same / code_items,
+        token_agreement_with_ar=agree / total,
+        tokens_per_forward=tokens / forwards,
+        ar_tokens_per_s=ar_clock.tokens_per_s,
+        wedlm_tokens_per_s=wedlm_clock.tokens_per_s,
+        speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
     )
     code = report["code"]
-    log(f"{'code':<12} identical to AR {code['identical_to_ar']:.2f}, token agreement "
+    log(
+        f"{'code':<12} identical to AR {code['identical_to_ar']:.2f}, token agreement "
         f"{code['token_agreement_with_ar']:.2f}, tokens/forward {code['tokens_per_forward']:.2f}, "
-        f"speed-up {code['speedup']:.2f}x")
+        f"speed-up {code['speedup']:.2f}x"
+    )
     return report
 
 
 def _row(r: dict) -> str:
-    return (f"exact match AR {r['ar_exact_match']:.2f} / WeDLM {r['wedlm_exact_match']:.2f}, "
-            f"tokens/forward {r['tokens_per_forward']:.2f}, tokens/s AR {r['ar_tokens_per_s']:.0f} / "
-            f"WeDLM {r['wedlm_tokens_per_s']:.0f} = {r['speedup']:.2f}x")
+    return (
+        f"exact match AR {r['ar_exact_match']:.2f} / WeDLM {r['wedlm_exact_match']:.2f}, "
+        f"tokens/forward {r['tokens_per_forward']:.2f}, tokens/s AR {r['ar_tokens_per_s']:.0f} / "
+        f"WeDLM {r['wedlm_tokens_per_s']:.0f} = {r['speedup']:.2f}x"
+    )
 
 
 def main(args) -> None:
     from .default_model import default_model_path
 
     report = evaluate(
-        args.model or default_model_path(), items_per_family=args.items, code_items=args.code_items,
-        train_items_per_family=args.train_items_per_family, window_size=args.window_size, threshold=args.threshold,
-        penalty=args.penalty, threads=args.threads,
+        args.model or default_model_path(),
+        items_per_family=args.items,
+        code_items=args.code_items,
+        train_items_per_family=args.train_items_per_family,
+        window_size=args.window_size,
+        threshold=args.threshold,
+        penalty=args.penalty,
+        threads=args.threads,
     )
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2) + "\n")

@@ -82,7 +82,7 @@ def resolve_strategy(strategy, given_config, model_config) -> str:
     if strategy not in STRATEGIES:
         raise ValueError(
             f"Unknown strategy {strategy!r}: use strategy='ar' (ordinary generate) or strategy='wedlm' (streaming "
-            "parallel decoding). If it comes from generation_config.json, set its \"strategy\" entry to one of these."
+            'parallel decoding). If it comes from generation_config.json, set its "strategy" entry to one of these.'
         )
     return strategy
 
@@ -173,7 +173,8 @@ def generate_wedlm(
         bool(unsupported),
         "logits processors " + ", ".join(unsupported),
         "strategy='wedlm' honours only score-only sampling warpers (temperature, top_k, top_p, min_p, typical_p, "
-        "epsilon_cutoff, eta_cutoff); unset the options or processors that add the others (e.g. repetition_penalty=1.0)",
+        "epsilon_cutoff, eta_cutoff); unset the options or processors that add the others "
+        "(e.g. repetition_penalty=1.0)",
     )
     criteria = _stopping_criteria(config, stopping_criteria, tokenizer)
 
@@ -236,7 +237,9 @@ def _setting(explicit: dict, config, key: str):
 def _validate_wedlm_settings(window_size, threshold, penalty) -> None:
     if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
         raise ValueError(f"wedlm_window_size must be an integer >= 1 (16 is the default), got {window_size!r}.")
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0):
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0
+    ):
         raise ValueError(
             "wedlm_entropy_threshold must be a number >= 0 (nats; 0.4 is the default) or None for one token per "
             f"forward, got {threshold!r}."
@@ -287,7 +290,9 @@ def _validate_config(config, past_key_values) -> None:
 
 def _validate_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must have the shape of input_ids {tuple(input_ids.shape)}.")
+        raise ValueError(
+            f"attention_mask {tuple(attention_mask.shape)} must have the shape of input_ids {tuple(input_ids.shape)}."
+        )
     mask = attention_mask.bool()
     if not mask.any(1).all():
         raise ValueError("Every prompt needs at least one token (a row of attention_mask is all zeros).")

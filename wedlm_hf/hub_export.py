@@ -23,8 +23,14 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM",
 }
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-    "added_tokens.json", "chat_template.jinja", "tokenizer.model",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "tokenizer.model",
 )
 RECORDS = ("training_info.json", "eval_results.json")  # what model cards quote
 
@@ -48,7 +54,9 @@ def weight_files(folder: Path) -> list[Path]:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         missing = [s for s in shards if not (folder / s).exists()]
         if missing:
-            raise FileNotFoundError(f"{folder} is missing weight shards {missing} named in model.safetensors.index.json.")
+            raise FileNotFoundError(
+                f"{folder} is missing weight shards {missing} named in model.safetensors.index.json."
+            )
         return [index] + [folder / s for s in shards]
     if (folder / "model.safetensors").exists():
         return [folder / "model.safetensors"]
@@ -77,7 +85,8 @@ def resolve_mask_token_id(config: dict, explicit: int | None, source: Path) -> i
     if config.get("vocab_size", 0) > RELEASED_QWEN_MASK_TOKEN_ID:
         return RELEASED_QWEN_MASK_TOKEN_ID
     raise ValueError(
-        f"{source}/config.json gives no mask_token_id and none can be inferred (no tokenizer mask token; the vocabulary "
+        f"{source}/config.json gives no mask_token_id and none can be inferred (no tokenizer mask token; the "
+        "vocabulary "
         f"is too small for the released default {RELEASED_QWEN_MASK_TOKEN_ID}): pass --mask-token-id N."
     )
 
@@ -88,7 +97,7 @@ def generation_defaults(source: Path) -> dict:
     strategy = values.get("strategy")
     if strategy is not None and strategy not in STRATEGIES:
         raise ValueError(
-            f"{source}/generation_config.json has an unknown strategy {strategy!r}: set \"strategy\" to one of "
+            f'{source}/generation_config.json has an unknown strategy {strategy!r}: set "strategy" to one of '
             f"{', '.join(STRATEGIES)} (or remove it)."
         )
     for key, value in WEDLM_GENERATION_DEFAULTS.items():
@@ -97,8 +106,15 @@ def generation_defaults(source: Path) -> dict:
     return values
 
 
-def write_card(model_dir, output, repo_id: str, summary: str, recipe: str | None = None,
-               base_model: str | None = None, tags: list[str] | None = None) -> Path:
+def write_card(
+    model_dir,
+    output,
+    repo_id: str,
+    summary: str,
+    recipe: str | None = None,
+    base_model: str | None = None,
+    tags: list[str] | None = None,
+) -> Path:
     """Renders the card of a checkpoint folder from its generation config and records into `output`."""
     src, out = Path(model_dir), Path(output)
     card = render_model_card(
@@ -154,6 +170,12 @@ def export_checkpoint(
             shutil.copyfile(src / name, dst / name)
     (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (dst / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
-    write_card(dst, dst / "README.md", repo_id=repo_id or dst.name, base_model=base_model, recipe=recipe,
-               summary=summary or "A WeDLM checkpoint packaged by wedlm-hf with its remote code.")
+    write_card(
+        dst,
+        dst / "README.md",
+        repo_id=repo_id or dst.name,
+        base_model=base_model,
+        recipe=recipe,
+        summary=summary or "A WeDLM checkpoint packaged by wedlm-hf with its remote code.",
+    )
     return dst

@@ -30,9 +30,7 @@ def check_repo_id(repo_id: str | None) -> str:
 def check_token(token: str | None) -> str:
     token = token or get_token()
     if not token:
-        raise ValueError(
-            "No Hugging Face token found: run `hf auth login`, set HF_TOKEN, or pass token=... (--token)."
-        )
+        raise ValueError("No Hugging Face token found: run `hf auth login`, set HF_TOKEN, or pass token=... (--token).")
     return token
 
 
@@ -52,9 +50,16 @@ def check_hub_folder(folder: Path) -> None:
         )
 
 
-def push_folder(folder: str, repo_id: str, token: str | None = None, private: bool | None = None,
-                commit_message: str = "Upload WeDLM checkpoint (wedlm-hf)", commit_description: str | None = None,
-                revision: str | None = None, create_pr: bool = False):
+def push_folder(
+    folder: str,
+    repo_id: str,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str = "Upload WeDLM checkpoint (wedlm-hf)",
+    commit_description: str | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+):
     """Uploads an export folder as it is; returns the commit info of the upload."""
     path = Path(folder)
     check_repo_id(repo_id)
@@ -62,15 +67,30 @@ def push_folder(folder: str, repo_id: str, token: str | None = None, private: bo
     check_hub_folder(path)
     api = HfApi(token=token)
     repo = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    return api.upload_folder(folder_path=str(path), repo_id=repo.repo_id, repo_type="model",
-                             commit_message=commit_message, commit_description=commit_description,
-                             revision=revision, create_pr=create_pr)
+    return api.upload_folder(
+        folder_path=str(path),
+        repo_id=repo.repo_id,
+        repo_type="model",
+        commit_message=commit_message,
+        commit_description=commit_description,
+        revision=revision,
+        create_pr=create_pr,
+    )
 
 
-def push_model(model, repo_id: str, tokenizer=None, token: str | None = None, private: bool | None = None,
-               commit_message: str | None = None, commit_description: str | None = None,
-               revision: str | None = None, create_pr: bool = False, tags: list[str] | None = None,
-               max_shard_size: int | str | None = "50GB"):
+def push_model(
+    model,
+    repo_id: str,
+    tokenizer=None,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str | None = None,
+    commit_description: str | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    tags: list[str] | None = None,
+    max_shard_size: int | str | None = "50GB",
+):
     """`model.push_to_hub`: saves the model with its tokenizer and card into a temporary folder, then uploads it.
 
     The tokenizer is the one given, else the one saved beside the model it was loaded from. The card is the source
@@ -95,8 +115,20 @@ def push_model(model, repo_id: str, tokenizer=None, token: str | None = None, pr
         if source is not None and (source / "README.md").exists():
             shutil.copyfile(source / "README.md", folder / "README.md")
         else:
-            write_card(folder, folder / "README.md", repo_id=repo_id, tags=tags,
-                       summary="A WeDLM model trained or converted with wedlm-hf.")
-        return push_folder(str(folder), repo_id, token=token, private=private, revision=revision, create_pr=create_pr,
-                           commit_message=commit_message or "Upload WeDLM model (wedlm-hf)",
-                           commit_description=commit_description)
+            write_card(
+                folder,
+                folder / "README.md",
+                repo_id=repo_id,
+                tags=tags,
+                summary="A WeDLM model trained or converted with wedlm-hf.",
+            )
+        return push_folder(
+            str(folder),
+            repo_id,
+            token=token,
+            private=private,
+            revision=revision,
+            create_pr=create_pr,
+            commit_message=commit_message or "Upload WeDLM model (wedlm-hf)",
+            commit_description=commit_description,
+        )

@@ -27,7 +27,10 @@ def template_path() -> Path:
 
 def stats_section(eval_results: dict | None) -> str:
     if not eval_results:
-        return "Not measured yet: run `wedlm-hf evaluate --model DIR --output eval_results.json` and render the card again."
+        return (
+            "Not measured yet: run `wedlm-hf evaluate --model DIR --output DIR/eval_results.json` and render the "
+            "card again."
+        )
     s = eval_results["settings"]
     lines = [
         f"Measured by `wedlm-hf evaluate` (W={s['window_size']}, tau={s['entropy_threshold']}, "
@@ -35,7 +38,8 @@ def stats_section(eval_results: dict | None) -> str:
         f"{s['transformers']}) on held-out items never seen in training, each decoded by plain AR `generate()` and "
         "by WeDLM in the same process.",
         "",
-        "| task | items | exact match AR | exact match WeDLM | tokens / forward | tokens/s AR | tokens/s WeDLM | speed-up |",
+        "| task | items | exact match AR | exact match WeDLM | tokens / forward | tokens/s AR | tokens/s WeDLM "
+        "| speed-up |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for family, r in eval_results["families"].items():
@@ -70,7 +74,9 @@ def training_section(training_info: dict | None, recipe: str | None) -> str:
     ]
     last = training_info.get("last_logged")
     if last:
-        lines.append(f"Last logged loss {last['loss']} (next-token {last.get('ar_loss')}, masked {last.get('mlm_loss')}).")
+        lines.append(
+            f"Last logged loss {last['loss']} (next-token {last.get('ar_loss')}, masked {last.get('mlm_loss')})."
+        )
     if recipe:
         lines += ["", "Exact command:", "", "```bash", recipe.strip(), "```"]
     return "\n".join(lines)

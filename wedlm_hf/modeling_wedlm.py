@@ -114,7 +114,9 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM):
             from wedlm_hf.hub_push import push_model
         except ImportError:
             if tokenizer is not None:
-                raise ValueError("Uploading the tokenizer with the model needs wedlm-hf; use tokenizer.push_to_hub(repo).")
+                raise ValueError(
+                    "Uploading the tokenizer with the model needs wedlm-hf; use tokenizer.push_to_hub(repo)."
+                ) from None
             return super().push_to_hub(repo_id, **kwargs)
         return push_model(self, repo_id, tokenizer=tokenizer, **kwargs)
 

@@ -162,7 +162,10 @@ def train(
         mask_token_id=net.config.mask_token_id, pad_token_id=tok.pad_token_id, block_size=block_size, seed=seed
     )
     trainer = WeDLMTrainer(
-        model=net, args=args, train_dataset=IndexedSamples(dataset), data_collator=collator,
+        model=net,
+        args=args,
+        train_dataset=IndexedSamples(dataset),
+        data_collator=collator,
         callbacks=[MaskingEpoch(collator)],
     )
     has_checkpoint = resume and any(p.name.startswith("checkpoint-") for p in Path(output_dir).glob("checkpoint-*"))

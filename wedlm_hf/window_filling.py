@@ -22,9 +22,7 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(log_probs.exp() * log_probs.clamp_min(torch.finfo(log_probs.dtype).min)).sum(-1)
 
 
-def choose_fills(
-    entropies: list[float], offsets: list[int], threshold: float | None, pos_penalty: float
-) -> list[int]:
+def choose_fills(entropies: list[float], offsets: list[int], threshold: float | None, pos_penalty: float) -> list[int]:
     """Indices (into the ascending list of remaining masks) to fill this step.
 
     adjusted = entropy + pos_penalty * (offset - leftmost offset); all with adjusted < threshold, else the argmin.
@@ -40,7 +38,7 @@ def choose_fills(
 
 
 class FillSampler:
-    """Greedy argmax, or sampling through score-only warpers (temperature, top-k, top-p, ...) as `generate` builds them."""
+    """Greedy argmax, or sampling through score-only warpers (temperature, top-k, top-p, ...) built by `generate`."""
 
     def __init__(self, do_sample: bool, warpers: LogitsProcessorList | None = None):
         self.do_sample = do_sample
