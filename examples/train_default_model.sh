@@ -6,7 +6,7 @@ set -euo pipefail
 out=${1:-build/default-model}
 wedlm-hf train-tokenizer --data offline-mix --vocab-size 4096 --output "$out/tokenizer"
 wedlm-hf train --config examples/default_model_config.json --tokenizer "$out/tokenizer" --data offline-mix \
-  --seq-len 256 --batch-size 8 --max-steps 4000 --lr 1e-3 --warmup-ratio 0.05 --weight-decay 0.01 \
+  --seq-len 256 --batch-size 8 --max-steps 5000 --lr 1e-3 --warmup-ratio 0.05 --weight-decay 0.01 \
   --logging-steps 50 --save-steps 500 --seed 0 --items-per-family 20000 --output-dir "$out/run" --resume
 wedlm-hf ship-default "$out/run/final"
 wedlm-hf evaluate --items 100 --code-items 40 --output wedlm_hf/default_model/eval_results.json

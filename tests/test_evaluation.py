@@ -8,7 +8,7 @@ from conftest import build_model
 
 from wedlm_hf.demo import run_demo
 from wedlm_hf.evaluation import evaluate, held_out_items
-from wedlm_hf.offline_mix import TRAIN_TASK_SEED, task_windows
+from wedlm_hf.offline_mix import EOS_TAIL, TRAIN_TASK_SEED, task_windows
 from wedlm_hf.stdlib_corpus import stdlib_files, stdlib_root
 from wedlm_hf.synthetic_tasks import FAMILIES, task_items
 
@@ -30,9 +30,11 @@ def test_stdlib_split_is_disjoint_and_found_through_sysconfig():
 def test_task_windows_flag_prompts_and_start_with_an_item(char_tokenizer):
     windows = task_windows(char_tokenizer, seq_len=96, items_per_family=20)
     assert windows and all(len(w["input_ids"]) <= 96 for w in windows)
+    eos = char_tokenizer.eos_token_id
     for w in windows:
         assert w["prompt_mask"][0] == 1 and len(w["prompt_mask"]) == len(w["input_ids"])
-        assert w["input_ids"][-1] == char_tokenizer.eos_token_id
+        assert w["input_ids"][-1 - EOS_TAIL :] == [eos] * (1 + EOS_TAIL)  # answers end with a learned eos tail
+        assert w["prompt_mask"][-1 - EOS_TAIL :] == [0] * (1 + EOS_TAIL)
 
 
 def test_evaluation_report_on_a_tiny_model(tmp_path, char_tokenizer):

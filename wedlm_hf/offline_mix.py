@@ -2,7 +2,9 @@
 
 Code: each training-split stdlib file is tokenized and cut into `seq_len` chunks. Tasks: whole items
 (prompt + answer + eos) are packed into windows that start with an item at position 0, as at inference time;
-prompt tokens are flagged (`prompt_mask`) so they are neither masked nor learned.
+prompt tokens are flagged (`prompt_mask`) so they are neither masked nor learned. Each answer is followed by
+`EOS_TAIL` more eos tokens, learned like the answer: at inference the window reaches past the end of the answer,
+and a model that knows "after eos comes eos" fills those slots at once instead of spending forwards on them.
 """
 
 import random
@@ -12,6 +14,7 @@ from .synthetic_tasks import FAMILIES, task_items
 
 TRAIN_TASK_SEED = 0
 EVAL_TASK_SEED = 1
+EOS_TAIL = 16
 
 
 def task_windows(tokenizer, seq_len: int, items_per_family: int, seed: int = TRAIN_TASK_SEED) -> list[dict]:
@@ -21,7 +24,7 @@ def task_windows(tokenizer, seq_len: int, items_per_family: int, seed: int = TRA
     windows, ids, prompt = [], [], []
     for question, answer in items:
         q = tokenizer(question, add_special_tokens=False)["input_ids"]
-        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] * (1 + EOS_TAIL)
         if len(q) + len(a) > seq_len:
             continue
         if len(ids) + len(q) + len(a) > seq_len:
