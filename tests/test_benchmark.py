@@ -22,7 +22,12 @@ def test_benchmark_reports_every_run_and_ratio():
     )
     names = list(report["results"])
     assert names[0].startswith("AR generate") and any(n.startswith("block-wise") for n in names)
-    assert set(report["ratios"]) == {"wedlm_vs_ar", "batched_vs_singles", "wedlm_vs_blockwise_long"}
+    assert set(report["ratios"]) == {
+        "wedlm_vs_ar",
+        "batched_vs_singles",
+        "wedlm_vs_blockwise_long",
+        "blockwise_rows_per_wedlm_row",
+    }
     wedlm = report["results"]["WeDLM, 24 tokens"]
     # Threshold huge: every mask is accepted; W=8 fills 8 per forward, and the last 8 need a confirming forward.
     assert wedlm["tokens"] == 24 and wedlm["forwards"] == 4
@@ -33,11 +38,11 @@ def test_blockwise_baseline_equals_streaming_when_every_mask_is_accepted():
     """With tau huge both fill whole blocks from the same logits distribution of the same context."""
     model = build_model()
     ids = torch.randint(0, 90, (1, 6), generator=torch.Generator().manual_seed(0))
-    seq, forwards = blockwise_generate(model, ids, 95, max_new_tokens=8, block_size=8, entropy_threshold=1e9)
+    seq, forwards, rows = blockwise_generate(model, ids, 95, max_new_tokens=8, block_size=8, entropy_threshold=1e9)
     streamed = model.generate(
         ids, strategy="wedlm", max_new_tokens=8, wedlm_window_size=8, wedlm_entropy_threshold=1e9, eos_token_id=None
     )
-    assert forwards == 1 and torch.equal(seq, streamed)
+    assert forwards == 1 and rows == 6 + 8 and torch.equal(seq, streamed)
 
 
 def test_bench_command_parses():

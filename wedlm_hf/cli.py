@@ -79,7 +79,7 @@ def _train(args) -> None:
         resume=args.resume,
         attn_implementation=args.attn_implementation,
     )
-    print(f"final model saved to {final}")
+    print(f"final model: {final}")
 
 
 def _convert(args) -> None:

@@ -59,26 +59,41 @@ def stats_section(eval_results: dict | None) -> str:
     return "\n".join(lines)
 
 
+def training_stages(training_info: dict) -> list[dict]:
+    """The records of every training stage, first stage first (a stage started from a checkpoint links its record)."""
+    stages = []
+    while training_info:
+        stages.insert(0, training_info)
+        training_info = training_info.get("continued_from")
+    return stages
+
+
 def training_section(training_info: dict | None, recipe: str | None) -> str:
     if not training_info:
         return "No training record (`training_info.json`) was found for this checkpoint."
-    a = training_info["arguments"]
-    runtime = training_info.get("train_runtime_s")
-    lines = [
-        f"Trained with `wedlm-hf train` (dual-stream masking, block size {a['block_size']}) on {a['data']}: "
-        f"{training_info['parameters'] / 1e6:.1f}M parameters, {a['max_steps']} steps of batch {a['batch_size']} x "
-        f"{a['seq_len']} tokens, lr {a['learning_rate']} cosine, seed {a['seed']}, "
-        f"{training_info['processes']} process(es); wall time {runtime / 60:.1f} min"
-        + (" (resumed run: this part only)" if training_info.get("resumed") else "")
-        + f", torch {training_info['torch']}, transformers {training_info['transformers']}.",
-    ]
-    last = training_info.get("last_logged")
-    if last:
+    stages = training_stages(training_info)
+    lines = []
+    for number, stage in enumerate(stages, 1):
+        a = stage["arguments"]
+        start = f"from scratch ({a['config']})" if a.get("config") else f"from {a['model']}"
         lines.append(
-            f"Last logged loss {last['loss']} (next-token {last.get('ar_loss')}, masked {last.get('mlm_loss')})."
+            f"{number}. `wedlm-hf train` {start} on {', '.join(a['data'])}: {a['max_steps']} steps of batch "
+            f"{a['batch_size']} x {a['seq_len']} tokens, dual-stream block size {a['block_size']}, lr "
+            f"{a['learning_rate']} cosine (warmup {a['warmup_ratio']}), seed {a['seed']}, {stage['processes']} "
+            f"process(es), wall time {stage['train_runtime_s'] / 60:.1f} min"
+            + (" (resumed run: this part only)" if stage.get("resumed") else "")
+            + "."
         )
+    last = {k: round(v, 3) if isinstance(v, float) else v for k, v in (training_info.get("last_logged") or {}).items()}
+    total = sum(stage["train_runtime_s"] for stage in stages) / 60
+    lines += [
+        "",
+        f"{training_info['parameters'] / 1e6:.1f}M parameters; total training wall time {total:.1f} min on CPU "
+        f"(torch {training_info['torch']}, transformers {training_info['transformers']}). Last logged loss "
+        f"{last.get('loss')} (next-token {last.get('ar_loss')}, masked {last.get('mlm_loss')}).",
+    ]
     if recipe:
-        lines += ["", "Exact command:", "", "```bash", recipe.strip(), "```"]
+        lines += ["", "Exact commands (`examples/train_default_model.sh`):", "", "```bash", recipe.strip(), "```"]
     return "\n".join(lines)
 
 

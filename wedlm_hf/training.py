@@ -129,6 +129,12 @@ def train(
 ) -> Path:
     """Runs training; returns the folder of the final model (with tokenizer and `training_info.json`)."""
     arguments = {k: v for k, v in locals().items()}
+    final = Path(output_dir) / "final"
+    if resume and (final / "training_info.json").exists():
+        done = json.loads((final / "training_info.json").read_text())["arguments"]
+        if done["max_steps"] == max_steps:
+            print(f"{final} already holds the finished run of {max_steps} steps; nothing to resume.")
+            return final
     set_seed(seed)
     net, tok = load_model_and_tokenizer(model, config, tokenizer)
     net.config._attn_implementation = attn_implementation
@@ -170,7 +176,6 @@ def train(
     )
     has_checkpoint = resume and any(p.name.startswith("checkpoint-") for p in Path(output_dir).glob("checkpoint-*"))
     result = trainer.train(resume_from_checkpoint=True if has_checkpoint else None)
-    final = Path(output_dir) / "final"
     if trainer.is_world_process_zero():
         trainer.save_state()
         trainer.save_model(str(final))
@@ -187,6 +192,9 @@ def train(
             "torch": torch.__version__,
             "transformers": transformers.__version__,
         }
+        previous = Path(model) / "training_info.json" if model else None
+        if previous is not None and previous.exists():
+            info["continued_from"] = json.loads(previous.read_text())
         (final / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         trainer.accelerator.wait_for_everyone()
