@@ -27,9 +27,14 @@ def test_weights_are_small_safetensors():
     assert weights.exists() and weights.stat().st_size <= MAX_BYTES
 
 
+def readme_prompt() -> str:
+    """The prompt of the README's main-job command, so the test follows the README."""
+    return re.search(r'wedlm-hf generate "([^"]+)"', (ROOT / "README.md").read_text()).group(1)
+
+
 def test_readme_prompt_decodes_with_several_tokens_per_forward(shipped):
     model, tokenizer = shipped
-    ids = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
+    ids = tokenizer(readme_prompt(), return_tensors="pt").input_ids
     out = model.generate(ids, strategy="wedlm", max_new_tokens=64, return_dict_in_generate=True)
     stats = out.wedlm_stats[0]
     assert stats.tokens > 8 and stats.tokens_per_forward > 1.0
