@@ -88,7 +88,7 @@ def training_section(training_info: dict | None, recipe: str | None) -> str:
     total = sum(stage["train_runtime_s"] for stage in stages) / 60
     lines += [
         "",
-        f"{training_info['parameters'] / 1e6:.1f}M parameters; total training wall time {total:.1f} min on CPU "
+        f"{training_info['parameters'] / 1e6:.1f}M parameters; total training wall time {total:.1f} min "
         f"(torch {training_info['torch']}, transformers {training_info['transformers']}). Last logged loss "
         f"{last.get('loss')} (next-token {last.get('ar_loss')}, masked {last.get('mlm_loss')}).",
     ]
