@@ -126,7 +126,7 @@ def test_stats_count_forwards_tokens_and_rows(model64):
     out = wedlm(model64, ids, max_new_tokens=20, eos_token_id=None, wedlm_window_size=8, return_dict_in_generate=True)
     stats = out.wedlm_stats[0]
     assert stats.tokens == 20
-    # Every forward feeds at most W + L <= 2W rows and at least one; the prefill is not counted.
+    # Every forward feeds at most W + L <= 2W window rows and at least one; the prompt rows are not counted.
     assert stats.forwards <= stats.rows_fed <= 16 * stats.forwards
     assert stats.tokens_per_forward == pytest.approx(20 / stats.forwards)
     assert stats.p_cache == pytest.approx(20 / stats.rows_fed)

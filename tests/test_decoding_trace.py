@@ -20,7 +20,7 @@ class ScriptedModel(WeDLMForCausalLM):
     def forward(self, input_ids=None, position_ids=None, logits_to_keep=0, **kwargs):
         out = super().forward(input_ids=input_ids, position_ids=position_ids, logits_to_keep=logits_to_keep, **kwargs)
         self.calls.append((input_ids.tolist(), position_ids.tolist(), logits_to_keep))
-        step = len(self.calls) - 2  # call 0 is the prefill
+        step = len(self.calls) - 1  # call 0 is step 1, with the prompt prefilled in front of its masks
         logits = torch.zeros_like(out.logits)
         kept_positions = position_ids[:, -logits.shape[1] :]
         for b in range(logits.shape[0]):
@@ -47,10 +47,10 @@ def test_worked_trace_w4():
         wedlm_pos_penalty_factor=0.0,
         return_dict_in_generate=True,
     )
-    prefill, step1, step2, step3 = model.calls[:4]
-    assert prefill[1] == [list(range(10))]
-    # Step 1 feeds M10 M11 M12 M13 and fills offsets 0 and 2 (a, c).
-    assert step1[0] == [[MASK_ID] * 4] and step1[1] == [[10, 11, 12, 13]]
+    step1, step2, step3 = model.calls[:3]
+    # Step 1 feeds M10 M11 M12 M13 (after the prompt it prefills) and fills offsets 0 and 2 (a, c).
+    assert step1[0] == [list(range(20, 30)) + [MASK_ID] * 4] and step1[1] == [list(range(14))]
+    assert step1[2] == 4  # logits for the 4 masks only; the prompt's are never computed
     # Step 2: L=1, window [a M c M M] fed as a@10 c@12 M@11 M@13 M@14; logits only for the 3 masks.
     assert step2[0] == [[a, c, MASK_ID, MASK_ID, MASK_ID]] and step2[1] == [[10, 12, 11, 13, 14]]
     assert step2[2] == 3
@@ -74,7 +74,7 @@ def test_step3_without_budget_limit_feeds_four_new_masks():
         wedlm_entropy_threshold=0.5,
         wedlm_pos_penalty_factor=0.0,
     )
-    step3 = model.calls[3]
+    step3 = model.calls[2]
     assert step3[0] == [[b, c] + [MASK_ID] * 4]
     assert step3[1] == [[11, 12, 13, 14, 15, 16]]
 
@@ -92,8 +92,8 @@ def test_fallback_fills_single_leftmost_mask_on_ties():
         wedlm_pos_penalty_factor=0.0,
     )
     # Uniform logits everywhere: each step fills one mask, the leftmost; one token commits per forward after the first.
-    fed_positions = [call[1][0] for call in model.calls[1:]]
-    assert fed_positions[0] == [6, 7, 8]
+    fed_positions = [call[1][0] for call in model.calls]
+    assert fed_positions[0] == [0, 1, 2, 3, 4, 5, 6, 7, 8]
     assert fed_positions[1] == [6, 7, 8]  # slot 6 filled, fed first; 7 and 8 still masks
     assert fed_positions[2] == [7, 8]  # 6 committed; the budget (6 + 3) allows no new slot
 
@@ -114,7 +114,7 @@ def test_distance_penalty_prefers_near_masks():
     )
     # All four masks are certain (entropy 0), adjusted 0, 0.1, 0.2, 0.3: only the first passes 0.05.
     # The budget (6 + 4) allows no new slot, so step 2 feeds the filled slot and the three other masks.
-    step2 = model.calls[2]
+    step2 = model.calls[1]
     assert step2[0] == [[7] + [MASK_ID] * 3] and step2[1] == [[6, 7, 8, 9]]
 
 
@@ -141,8 +141,9 @@ def test_prompt_is_encoded_once_and_each_forward_feeds_only_the_window():
         wedlm_entropy_threshold=1.0,
         return_dict_in_generate=True,
     )
-    (prefill, _, cached_before), *steps = model.calls
-    assert prefill == prompt[0].tolist() and cached_before == 0
+    (first, first_keep, cached_before), *steps = model.calls
+    # The prompt is fed once, in the first forward, followed by its 6 masks; nothing is cached before it.
+    assert first == prompt[0].tolist() + [MASK_ID] * 6 and first_keep == 6 and cached_before == 0
     cached = [c for _, _, c in steps]
     assert cached[0] == 12 and cached == sorted(cached)
     for (fed, keep, before), after in zip(steps, cached[1:] + [52]):
@@ -150,4 +151,4 @@ def test_prompt_is_encoded_once_and_each_forward_feeds_only_the_window():
         assert len(fed) <= 2 * 6  # the window only (W + L rows at most), on top of the cache
         assert keep == max(masks, 1) and fed[len(fed) - masks :] == [MASK_ID] * masks  # logits for mask rows only
         assert after - before <= len(fed) - masks  # the cache grows only by committed (filled) tokens
-    assert len(steps) == out.wedlm_stats[0].forwards and out.sequences.shape[1] == 52
+    assert len(model.calls) == out.wedlm_stats[0].forwards and out.sequences.shape[1] == 52

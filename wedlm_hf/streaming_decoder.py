@@ -17,7 +17,8 @@ from .window_filling import FillSampler, choose_fills, entropy, suppress_token
 
 @dataclass
 class WeDLMStats:
-    """Per-row decoding statistics. `forwards` counts decoding forwards (the prompt prefill is not one)."""
+    """Per-row decoding statistics: decoding forwards, committed tokens, and window rows fed (prompt rows, prefilled
+    in the first forward, are not counted)."""
 
     forwards: int = 0
     tokens: int = 0
@@ -113,11 +114,14 @@ class StreamingDecoder:
         ]
         kv = RaggedCache(self.model, len(rows), max_dead=max(16, self.window_size), cache=cache)
         positions = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-        kv.forward(input_ids, positions, attention_mask.bool(), logits_to_keep=1)  # prefill; logits unused
+        # The prompt is prefilled in the same forward as the first window (all masks, placed after it): under the
+        # causal mask its rows see only the prompt, so its K/V are those of a separate prefill, one forward sooner.
+        prefill = (input_ids, positions, attention_mask.bool())
 
         active = list(rows)
         while active:
-            self._step(active, kv)
+            self._step(active, kv, prefill)
+            prefill = None
             finished = [i for i, row in enumerate(active) if row.done]
             if finished:
                 if self.keep_cache:
@@ -131,7 +135,8 @@ class StreamingDecoder:
                 kv.compact_if_needed()
         return rows
 
-    def _step(self, active: list[_Row], kv: RaggedCache) -> None:
+    def _step(self, active: list[_Row], kv: RaggedCache, prefill: tuple | None = None) -> None:
+        """One decoding forward for every active row; `prefill` (ids, positions, valid) is fed before the window."""
         device = kv.valid.device
         for row in active:
             row.refill(self.window_size, self.stop_ids)
@@ -159,7 +164,10 @@ class StreamingDecoder:
             active[b].stats.forwards += 1
             active[b].stats.rows_fed += len(filled) + len(masks)
 
-        logits = kv.forward(ids.to(device), pos.to(device), valid.to(device), logits_to_keep=max(n_masks, 1))
+        ids, pos, valid = ids.to(device), pos.to(device), valid.to(device)
+        if prefill is not None:
+            ids, pos, valid = (torch.cat([before, after], dim=1) for before, after in zip(prefill, (ids, pos, valid)))
+        logits = kv.forward(ids, pos, valid, logits_to_keep=max(n_masks, 1))
 
         # Commit each row's leading filled run: its K/V are exactly AR prefill K/V; everything else is scratch.
         runs = [row.leading_run() for row in active]
