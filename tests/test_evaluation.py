@@ -7,7 +7,7 @@ import torch
 from conftest import build_model
 
 from wedlm_hf.demo import run_demo
-from wedlm_hf.evaluation import evaluate, held_out_items
+from wedlm_hf.evaluation import evaluate, fewest_forwards, held_out_items
 from wedlm_hf.offline_mix import EOS_TAIL, TRAIN_TASK_SEED, task_windows
 from wedlm_hf.stdlib_corpus import stdlib_files, stdlib_root
 from wedlm_hf.synthetic_tasks import FAMILIES, task_items
@@ -53,6 +53,7 @@ def test_evaluation_report_on_a_tiny_model(tmp_path, char_tokenizer):
     assert set(report["families"]) == set(FAMILIES) and len(lines) == len(FAMILIES) + 1
     for r in report["families"].values():
         assert r["items"] == 3 and 0 <= r["wedlm_exact_match"] <= 1 and r["tokens_per_forward"] > 0
+        assert r["tokens_per_forward"] <= r["tokens_per_forward_ceiling"]
     assert report["code"]["items"] == 2 and 0 <= report["code"]["token_agreement_with_ar"] <= 1
     json.dumps(report)
 
@@ -63,3 +64,20 @@ def test_generate_demo_streams_and_compares(tmp_path, char_tokenizer, capsys):
     printed = capsys.readouterr().out
     assert printed.startswith("def f(n):") and "tokens/forward" in printed and "WeDLM / AR tokens/s" in printed
     assert report["wedlm"]["tokens"] == 12 and report["ar"]["tokens"] == 12
+
+
+def test_fewest_forwards_is_reached_when_every_mask_is_accepted(model64):
+    """The ceiling the evaluation reports is exact: a model whose every mask passes the threshold attains it."""
+    ids = torch.arange(3, 11)[None]
+    for n, window in [(1, 16), (7, 16), (16, 16), (17, 16), (40, 8), (5, 4)]:
+        out = model64.generate(
+            ids,
+            strategy="wedlm",
+            max_new_tokens=n,
+            eos_token_id=None,
+            wedlm_window_size=window,
+            wedlm_entropy_threshold=1e9,
+            return_dict_in_generate=True,
+        )
+        assert out.wedlm_stats[0].forwards == fewest_forwards(n, window), (n, window)
+    assert [fewest_forwards(n, 16) for n in (1, 8, 16, 17, 33)] == [2, 2, 2, 3, 4]

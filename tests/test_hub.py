@@ -223,6 +223,7 @@ def test_card_metadata_and_measured_statistics(tmp_path, char_tokenizer):
                 "ar_exact_match": 0.9,
                 "wedlm_exact_match": 0.8,
                 "tokens_per_forward": 4.25,
+                "tokens_per_forward_ceiling": 6.5,
                 "ar_tokens_per_s": 100.0,
                 "wedlm_tokens_per_s": 310.0,
                 "speedup": 3.1,
@@ -236,7 +237,7 @@ def test_card_metadata_and_measured_statistics(tmp_path, char_tokenizer):
     assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
     assert meta["license"] == "apache-2.0" and meta["base_model"] == "Qwen/Qwen3-8B"
     assert {"wedlm", "diffusion", "custom_code"} <= set(meta["tags"])
-    assert "| counting | 10 | 90.0% | 80.0% | 4.25 | 100 | 310 | 3.10x |" in text
+    assert "| counting | 10 | 90.0% | 80.0% | 4.25 | 6.50 | 100 | 310 | 3.10x |" in text
     assert 'from_pretrained("me/tiny-wedlm", trust_remote_code=True)' in text
 
 
