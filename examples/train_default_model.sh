@@ -12,7 +12,10 @@ wedlm-hf train --config examples/default_model_config.json --tokenizer "$out/tok
 wedlm-hf train --model "$out/run/final" --data offline-mix \
   --seq-len 256 --batch-size 8 --max-steps 5000 --lr 5e-4 --warmup-ratio 0.02 --weight-decay 0.01 \
   --logging-steps 50 --save-steps 500 --seed 1 --items-per-family 20000 --output-dir "$out/run2" --resume
-wedlm-hf ship-default "$out/run2/final"
+wedlm-hf train --model "$out/run2/final" --data offline-mix \
+  --seq-len 256 --batch-size 8 --max-steps 4000 --lr 3e-4 --warmup-ratio 0.02 --weight-decay 0.01 \
+  --logging-steps 50 --save-steps 500 --seed 2 --items-per-family 20000 --output-dir "$out/run3" --resume
+wedlm-hf ship-default "$out/run3/final"
 wedlm-hf evaluate --items 100 --code-items 40 --output wedlm_hf/default_model/eval_results.json
 wedlm-hf card wedlm_hf/default_model model_cards/wedlm-tiny-stdlib/README.md --repo-id wedlm-hf/wedlm-tiny-stdlib \
   --recipe examples/train_default_model.sh \
