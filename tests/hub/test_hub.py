@@ -17,8 +17,8 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, pipeline
 
 from wedlm_hf import WeDLMConfig, WeDLMForCausalLM, generate_wedlm
 from wedlm_hf.cli import main as cli
-from wedlm_hf.custom_generate_export import export_custom_generate
-from wedlm_hf.hub_export import export_checkpoint, remote_code_files
+from wedlm_hf.hub.custom_generate import export_custom_generate
+from wedlm_hf.hub.export import export_checkpoint, remote_code_files
 
 CODE_FILES = {p.name for p in remote_code_files()}
 DECODE = dict(
@@ -317,7 +317,7 @@ def test_push_errors(tmp_path, char_tokenizer, fake_hub, monkeypatch):
     with pytest.raises(FileNotFoundError, match="missing README.md.*tokenizer files.*wedlm-hf export"):
         cli(["push", str(tmp_path / "incomplete"), "me/x"])
     monkeypatch.delenv("HF_TOKEN")
-    monkeypatch.setattr("wedlm_hf.hub_push.get_token", lambda: None)
+    monkeypatch.setattr("wedlm_hf.hub.push.get_token", lambda: None)
     with pytest.raises(ValueError, match="No Hugging Face token.*hf auth login.*HF_TOKEN"):
         model.push_to_hub("me/x", tokenizer=char_tokenizer)
 

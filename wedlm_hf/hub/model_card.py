@@ -9,9 +9,9 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from .generation_wedlm import WEDLM_GENERATION_DEFAULTS as _DECODING_DEFAULTS
+from ..modeling import WEDLM_GENERATION_DEFAULTS as _DECODING_DEFAULTS
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "template.md"
+TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "template.md"
 TAGS = ["wedlm", "diffusion", "custom_code", "text-generation"]
 
 

@@ -4,7 +4,7 @@ import json
 import shutil
 from pathlib import Path
 
-DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "default_model"
 SHIPPED_FILES = (
     "config.json",
     "generation_config.json",
@@ -49,3 +49,8 @@ def ship_default_model(source: str) -> Path:
     config.pop("auto_map", None)
     (DEFAULT_MODEL_DIR / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return DEFAULT_MODEL_DIR
+
+
+def ship_default_command(args) -> None:
+    """`wedlm-hf ship-default SOURCE`."""
+    print(f"shipped checkpoint updated: {ship_default_model(args.source)}")

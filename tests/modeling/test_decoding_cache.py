@@ -4,7 +4,7 @@ import torch
 from conftest import EOS_ID, prompts
 from transformers import DynamicCache
 
-from wedlm_hf import ragged_cache
+from wedlm_hf.modeling import ragged_cache
 
 
 def test_final_cache_equals_ar_prefill_of_output(model64):

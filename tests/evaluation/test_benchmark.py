@@ -3,9 +3,9 @@
 import torch
 from conftest import build_model
 
-from wedlm_hf.benchmark import run_benchmark
-from wedlm_hf.blockwise_baseline import blockwise_generate
 from wedlm_hf.cli import build_parser
+from wedlm_hf.evaluation.benchmark import run_benchmark
+from wedlm_hf.evaluation.blockwise_baseline import blockwise_generate
 
 
 def test_benchmark_reports_every_run_and_ratio():

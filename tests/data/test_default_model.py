@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from wedlm_hf import WeDLMForCausalLM, default_model_path
 from wedlm_hf.cli import main as cli
-from wedlm_hf.default_model import DEFAULT_MODEL_DIR, MAX_BYTES, ship_default_model
+from wedlm_hf.data.shipped_model import DEFAULT_MODEL_DIR, MAX_BYTES, ship_default_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CARD = ROOT / "model_cards" / "wedlm-tiny-stdlib" / "README.md"
 RECIPE = ROOT / "examples" / "train_default_model.sh"
 
@@ -81,6 +81,6 @@ def test_ship_default_refuses_oversized_or_missing_weights(tmp_path, monkeypatch
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
         ship_default_model(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"0" * 64)
-    monkeypatch.setattr("wedlm_hf.default_model.MAX_BYTES", 32)
+    monkeypatch.setattr("wedlm_hf.data.shipped_model.MAX_BYTES", 32)
     with pytest.raises(ValueError, match="under 25 MiB"):
         ship_default_model(tmp_path)

@@ -12,7 +12,7 @@ import transformers.modeling_flash_attention_utils as fa_utils
 from conftest import EOS_ID, MASK_ID, build_model, prompts
 from reference_wedlm import reference_decode
 
-from wedlm_hf import ragged_cache
+from wedlm_hf.modeling import ragged_cache
 
 
 def _attend(q, k, v, causal, scale):

@@ -8,7 +8,7 @@ head, so every iteration recomputes the prefix: this is what the streaming decod
 
 import torch
 
-from .window_filling import FillSampler, choose_fills, entropy, suppress_token
+from ..modeling.window_filling import FillSampler, choose_fills, entropy, suppress_token
 
 
 @torch.no_grad()

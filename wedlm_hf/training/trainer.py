@@ -14,10 +14,9 @@ import transformers
 from torch.utils.data import Dataset
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from .configuration_wedlm import WeDLMConfig
+from ..data import offline_mix
+from ..modeling import WeDLMConfig, WeDLMForCausalLM
 from .dual_stream_collator import DualStreamCollator
-from .modeling_wedlm import WeDLMForCausalLM
-from .offline_mix import offline_mix
 
 
 class IndexedSamples(Dataset):
@@ -199,3 +198,29 @@ def train(
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         trainer.accelerator.wait_for_everyone()
     return final
+
+
+def train_command(args) -> None:
+    """`wedlm-hf train`: the command-line options map one to one onto `train()`."""
+    final = train(
+        output_dir=args.output_dir,
+        data=args.data,
+        model=args.model,
+        config=args.config,
+        tokenizer=args.tokenizer,
+        seq_len=args.seq_len,
+        block_size=args.block_size,
+        batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        logging_steps=args.logging_steps,
+        save_steps=args.save_steps,
+        seed=args.seed,
+        items_per_family=args.items_per_family,
+        resume=args.resume,
+        attn_implementation=args.attn_implementation,
+    )
+    print(f"final model: {final}")

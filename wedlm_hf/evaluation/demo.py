@@ -6,8 +6,8 @@ import torch
 from transformers import AutoTokenizer, TextStreamer
 from transformers.utils import logging
 
-from .default_model import default_model_path
-from .modeling_wedlm import WeDLMForCausalLM
+from ..data import default_model_path
+from ..modeling import WeDLMForCausalLM
 
 
 def run_demo(
@@ -62,3 +62,16 @@ def run_demo(
         )
         print_fn(f"WeDLM / AR tokens/s: {report['wedlm']['tokens_per_s'] / report['ar']['tokens_per_s']:.2f}x")
     return report
+
+
+def generate_command(args) -> None:
+    """`wedlm-hf generate PROMPT`."""
+    run_demo(
+        prompt=args.prompt,
+        model_path=args.model,
+        max_new_tokens=args.max_new_tokens,
+        window_size=args.window_size,
+        threshold=args.threshold,
+        penalty=args.penalty,
+        compare=not args.no_compare,
+    )

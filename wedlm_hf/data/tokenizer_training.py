@@ -36,3 +36,13 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
         mask_token=MASK_TOKEN,
         padding_side="left",
     )
+
+
+def train_tokenizer_command(args) -> None:
+    """`wedlm-hf train-tokenizer`: the shipped model's tokenizer, trained on the offline mix."""
+    from .offline_mix import tokenizer_corpus
+
+    if args.data != "offline-mix":
+        raise SystemExit("--data: only 'offline-mix' is built in; train other tokenizers with `tokenizers` directly.")
+    train_tokenizer(tokenizer_corpus(), vocab_size=args.vocab_size).save_pretrained(args.output)
+    print(f"tokenizer saved to {args.output}")

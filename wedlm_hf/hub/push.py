@@ -12,7 +12,8 @@ from pathlib import Path
 
 from huggingface_hub import HfApi, get_token
 
-from .hub_export import TOKENIZER_FILES, remote_code_files, weight_files, write_card
+from ..modeling import WeDLMForCausalLM
+from .export import TOKENIZER_FILES, remote_code_files, weight_files, write_card
 
 REPO_ID = re.compile(r"^([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 HUB_FILES = ("config.json", "generation_config.json", "README.md")
@@ -132,3 +133,24 @@ def push_model(
             commit_message=commit_message or "Upload WeDLM model (wedlm-hf)",
             commit_description=commit_description,
         )
+
+
+def _push_to_hub(self, repo_id: str, *, tokenizer=None, **kwargs):
+    """Uploads weights, remote code, generation config, tokenizer and model card to the Hub repo `repo_id`.
+
+    The tokenizer is the one given, else the one saved beside the checkpoint the model was loaded from; the card is
+    that folder's README.md, else one rendered from its training and evaluation records.
+    """
+    return push_model(self, repo_id, tokenizer=tokenizer, **kwargs)
+
+
+def attach_push_to_hub() -> None:
+    """Gives `WeDLMForCausalLM` the push above. The model file stays free of Hub tooling: loaded as remote code
+    without wedlm-hf, the class keeps transformers' own `push_to_hub` (model only)."""
+    WeDLMForCausalLM.push_to_hub = _push_to_hub
+
+
+def push_command(args) -> None:
+    """`wedlm-hf push FOLDER REPO`."""
+    info = push_folder(args.folder, args.repo, token=args.token, private=args.private or None)
+    print(f"uploaded {args.folder} to {args.repo}: {getattr(info, 'commit_url', info)}")

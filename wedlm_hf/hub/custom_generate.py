@@ -11,7 +11,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from .hub_export import decoding_code_files
+from .export import decoding_code_files
 
 ENTRY = '''"""WeDLM streaming parallel decoding as a `custom_generate` method (written by wedlm-hf)."""
 
@@ -56,3 +56,8 @@ def export_custom_generate(destination: str, repo_id: str = "wedlm-hf/wedlm-deco
     data = ModelCardData(library_name="transformers", tags=["custom_generate", "wedlm", "diffusion"])
     ModelCard(f"---\n{data.to_yaml()}\n---\n" + README.format(repo=repo_id)).save(dst / "README.md")
     return dst
+
+
+def custom_generate_command(args) -> None:
+    """`wedlm-hf custom-generate DESTINATION`."""
+    print(f"custom_generate repository written to {export_custom_generate(args.destination, args.repo_id)}")

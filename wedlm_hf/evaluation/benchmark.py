@@ -11,9 +11,8 @@ import time
 
 import torch
 
+from ..modeling import WeDLMConfig, WeDLMForCausalLM
 from .blockwise_baseline import blockwise_generate
-from .configuration_wedlm import WeDLMConfig
-from .modeling_wedlm import WeDLMForCausalLM
 
 BENCH_MODEL = dict(
     hidden_size=384,
@@ -165,7 +164,8 @@ def run_benchmark(
     return {"results": results, "ratios": ratios}
 
 
-def main(args) -> None:
+def bench_command(args) -> None:
+    """`wedlm-hf bench`."""
     model = None
     if args.model:
         model = WeDLMForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

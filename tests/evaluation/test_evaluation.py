@@ -6,11 +6,11 @@ import sysconfig
 import torch
 from conftest import build_model
 
-from wedlm_hf.demo import run_demo
-from wedlm_hf.evaluation import evaluate, fewest_forwards, held_out_items
-from wedlm_hf.offline_mix import EOS_TAIL, TRAIN_TASK_SEED, task_windows
-from wedlm_hf.stdlib_corpus import stdlib_files, stdlib_root
-from wedlm_hf.synthetic_tasks import FAMILIES, task_items
+from wedlm_hf.data.offline_mix import EOS_TAIL, TRAIN_TASK_SEED, task_windows
+from wedlm_hf.data.stdlib_corpus import stdlib_files, stdlib_root
+from wedlm_hf.data.synthetic_tasks import FAMILIES, task_items
+from wedlm_hf.evaluation.demo import run_demo
+from wedlm_hf.evaluation.evaluate import evaluate, fewest_forwards, held_out_items
 
 
 def test_held_out_items_never_appear_in_training():

@@ -15,10 +15,8 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
-from .modeling_wedlm import WeDLMForCausalLM
-from .offline_mix import EVAL_TASK_SEED, TRAIN_TASK_SEED
-from .stdlib_corpus import stdlib_texts
-from .synthetic_tasks import FAMILIES, task_items
+from ..data import EVAL_TASK_SEED, FAMILIES, TRAIN_TASK_SEED, default_model_path, stdlib_texts, task_items
+from ..modeling import WeDLMForCausalLM
 
 LOW_ENTROPY = ("counting", "copying")
 
@@ -195,9 +193,8 @@ def _row(r: dict) -> str:
     )
 
 
-def main(args) -> None:
-    from .default_model import default_model_path
-
+def evaluate_command(args) -> None:
+    """`wedlm-hf evaluate`."""
     report = evaluate(
         args.model or default_model_path(),
         items_per_family=args.items,

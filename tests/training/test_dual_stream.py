@@ -5,8 +5,8 @@ import torch
 from conftest import MASK_ID, tiny_config
 
 from wedlm_hf import WeDLMForCausalLM
-from wedlm_hf.dual_stream_collator import DualStreamCollator
-from wedlm_hf.dual_stream_loss import dual_stream_loss
+from wedlm_hf.modeling.dual_stream_loss import dual_stream_loss
+from wedlm_hf.training.dual_stream_collator import DualStreamCollator
 
 PAD = 94
 

@@ -104,22 +104,6 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM):
         if tokenizer is not None:
             tokenizer.save_pretrained(save_directory)
 
-    def push_to_hub(self, repo_id: str, *, tokenizer=None, **kwargs):
-        """Uploads weights, remote code, generation config, tokenizer and model card to the Hub repo `repo_id`.
-
-        The card and checks come from wedlm-hf; where this file runs as remote code without wedlm-hf installed,
-        transformers' own `push_to_hub` uploads the model alone (push the tokenizer with `tokenizer.push_to_hub`).
-        """
-        try:
-            from wedlm_hf.hub_push import push_model
-        except ImportError:
-            if tokenizer is not None:
-                raise ValueError(
-                    "Uploading the tokenizer with the model needs wedlm-hf; use tokenizer.push_to_hub(repo)."
-                ) from None
-            return super().push_to_hub(repo_id, **kwargs)
-        return push_model(self, repo_id, tokenizer=tokenizer, **kwargs)
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

@@ -11,9 +11,8 @@ from pathlib import Path
 
 from transformers.dynamic_module_utils import get_relative_import_files
 
-from . import configuration_wedlm, generation_wedlm, modeling_wedlm
-from .configuration_wedlm import WeDLMConfig
-from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS
+from .. import modeling
+from ..modeling import STRATEGIES, WEDLM_GENERATION_DEFAULTS, WeDLMConfig
 from .model_card import load_json, render_model_card
 
 RELEASED_QWEN_MASK_TOKEN_ID = 151665  # what the authors' engine and training code use when the config gives none
@@ -32,20 +31,20 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "tokenizer.model",
 )
+MODELING_DIR = Path(modeling.__file__).parent
 RECORDS = ("training_info.json", "eval_results.json")  # what model cards quote
 
 
 def remote_code_files() -> list[Path]:
-    """The flat files that travel as remote code: config, model and everything they import relatively."""
-    files = {Path(configuration_wedlm.__file__), Path(modeling_wedlm.__file__)}
-    files.update(Path(f) for f in get_relative_import_files(modeling_wedlm.__file__))
-    return sorted(files)
+    """The files that travel as remote code: every module of `wedlm_hf/modeling/` (the package's `__init__.py`
+    aside). That folder holds exactly the remote code, so the folder is the list."""
+    return sorted(p for p in MODELING_DIR.glob("*.py") if p.name != "__init__.py")
 
 
 def decoding_code_files() -> list[Path]:
-    """The decoding strategy alone (what a `custom_generate` folder needs)."""
-    files = {Path(generation_wedlm.__file__)} | {Path(f) for f in get_relative_import_files(generation_wedlm.__file__)}
-    return sorted(files)
+    """The decoding strategy alone (what a `custom_generate` folder needs): the generate front and its imports."""
+    front = MODELING_DIR / "generation_wedlm.py"
+    return sorted({front} | {Path(f) for f in get_relative_import_files(str(front))})
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -179,3 +178,27 @@ def export_checkpoint(
         summary=summary or "A WeDLM checkpoint packaged by wedlm-hf with its remote code.",
     )
     return dst
+
+
+def export_command(args) -> None:
+    """`wedlm-hf export SOURCE DESTINATION`."""
+    recipe = open(args.recipe).read() if args.recipe else None
+    out = export_checkpoint(
+        args.source,
+        args.destination,
+        mask_token_id=args.mask_token_id,
+        repo_id=args.repo_id,
+        base_model=args.base_model,
+        summary=args.summary,
+        recipe=recipe,
+    )
+    print(f"Hub-ready checkpoint written to {out}")
+
+
+def card_command(args) -> None:
+    """`wedlm-hf card MODEL OUTPUT`."""
+    recipe = open(args.recipe).read() if args.recipe else None
+    out = write_card(
+        args.model, args.output, repo_id=args.repo_id, summary=args.summary, recipe=recipe, base_model=args.base_model
+    )
+    print(f"model card written to {out}")

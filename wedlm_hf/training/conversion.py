@@ -10,8 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from .configuration_wedlm import WeDLMConfig
-from .modeling_wedlm import WeDLMForCausalLM
+from ..modeling import WeDLMConfig, WeDLMForCausalLM
 
 _FAMILIES = ("qwen2", "qwen3", "llama")
 
@@ -60,3 +59,9 @@ def convert_ar_checkpoint(source: str, destination: str, mask_token: str = "<|ma
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def convert_command(args) -> None:
+    """`wedlm-hf convert SOURCE DESTINATION`."""
+    out = convert_ar_checkpoint(args.source, args.destination, mask_token=args.mask_token)
+    print(f"WeDLM checkpoint written to {out}")

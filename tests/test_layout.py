@@ -1,0 +1,132 @@
+"""The package's shape: a core that travels as remote code, and wings that import it, never the reverse.
+
+Every import statement of every module counts, including the ones inside functions (lazy imports).
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+import wedlm_hf
+
+PACKAGE = Path(wedlm_hf.__file__).parent
+CORE = "modeling"
+WINGS = ("training", "data", "hub", "evaluation")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(absolute module imported, names taken from it, relative level) for each import in the file."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, [], 0) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [alias.name for alias in node.names]
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            found.append((target, names, node.level))
+    return found
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def wing_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in (CORE, *WINGS) else None
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if wing_of(m) == CORE])
+def test_core_imports_only_torch_transformers_and_its_neighbours(module):
+    stdlib = sys.stdlib_module_names
+    for target, _, level in imports(MODULES[module]):
+        top = target.split(".")[0]
+        if level:
+            assert level == 1 and wing_of(target) == CORE, f"{module}: relative import {target} leaves the core"
+            assert target.count(".") == 2 or target == "wedlm_hf.modeling", f"{module}: {target} is not flat"
+        else:
+            assert top in stdlib or top in ("torch", "transformers"), f"{module} imports {target}"
+
+
+def test_remote_code_is_the_core_folder():
+    from wedlm_hf.hub.export import remote_code_files
+
+    assert {p.name for p in remote_code_files()} == {
+        p.name for p in (PACKAGE / CORE).glob("*.py") if p.name != "__init__.py"
+    }
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if wing_of(m) in WINGS])
+def test_wings_meet_other_wings_only_through_their_public_names(module):
+    own = wing_of(module)
+    for target, names, _ in imports(MODULES[module]):
+        other = wing_of(target) if target.startswith("wedlm_hf") else None
+        if other is None or other in (own, CORE):
+            continue
+        public = set(__import__(f"wedlm_hf.{other}", fromlist=["__all__"]).__all__)
+        assert target == f"wedlm_hf.{other}", f"{module} reaches into {target}; import from wedlm_hf.{other}"
+        assert set(names) <= public, f"{module} imports {set(names) - public} that wedlm_hf.{other} does not export"
+
+
+def test_cli_only_parses_and_dispatches():
+    for target, _, _ in imports(PACKAGE / "cli.py"):
+        assert target in ("argparse", "importlib", "sys", "os"), f"cli.py imports {target}"
+    from wedlm_hf.cli import COMMANDS
+
+    for command, entry in COMMANDS.items():
+        module, function = entry.split(":")
+        assert wing_of(f"wedlm_hf.{module}") in WINGS, command
+        assert callable(getattr(__import__(f"wedlm_hf.{module}", fromlist=[function]), function)), command
+
+
+def defining_module(target: str, name: str | None) -> str | None:
+    """The module that defines `name` when imported from `target`, following package `__init__` re-exports."""
+    if name and f"{target}.{name}" in MODULES:
+        return f"{target}.{name}"
+    path = MODULES.get(target)
+    if path is not None and path.name == "__init__.py" and name:
+        for source, names, _ in imports(path):
+            if name in names:
+                return defining_module(source, name) or source
+    return target if target in MODULES else None
+
+
+def test_no_import_cycle_among_the_package_modules():
+    """Package `__init__` files only gather names; edges go to the module that defines what is imported."""
+    graph = {}
+    for module, path in MODULES.items():
+        if path.name == "__init__.py":
+            continue
+        edges = set()
+        for target, names, _ in imports(path):
+            for name in names or [None]:
+                found = defining_module(target, name)
+                if found and found != module and MODULES[found].name != "__init__.py":
+                    edges.add(found)
+        graph[module] = edges
+    state = {}
+
+    def visit(node, trail):
+        if state.get(node) == "done":
+            return
+        assert state.get(node) != "open", "import cycle: " + " -> ".join(trail + [node])
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            visit(nxt, trail + [node])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert "wedlm_hf.modeling.modeling_wedlm" in graph["wedlm_hf.hub.push"]  # the resolution follows re-exports

@@ -1,0 +1,26 @@
+"""Data wing: what the shipped model is built from and where it lives.
+
+- `stdlib_corpus`: Python's standard library source, split into train / eval files.
+- `synthetic_tasks`: the low-entropy task families (counting, copying, arithmetic, lists).
+- `offline_mix`: the training mix of both, and the tokenizer corpus.
+- `tokenizer_training`: `wedlm-hf train-tokenizer`, the byte-level BPE tokenizer.
+- `shipped_model`: `default_model_path()` and `wedlm-hf ship-default`.
+
+Public to other wings: `default_model_path`, `offline_mix`, `task_items`, `FAMILIES`, `TRAIN_TASK_SEED`,
+`EVAL_TASK_SEED`, `stdlib_texts` (training reads the mix, evaluation the held-out items). Imports no other wing.
+"""
+
+from .offline_mix import EVAL_TASK_SEED, TRAIN_TASK_SEED, offline_mix
+from .shipped_model import default_model_path
+from .stdlib_corpus import stdlib_texts
+from .synthetic_tasks import FAMILIES, task_items
+
+__all__ = [
+    "EVAL_TASK_SEED",
+    "FAMILIES",
+    "TRAIN_TASK_SEED",
+    "default_model_path",
+    "offline_mix",
+    "stdlib_texts",
+    "task_items",
+]

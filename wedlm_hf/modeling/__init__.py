@@ -1,0 +1,30 @@
+"""The core: exactly the files that travel to the Hub as remote code.
+
+Every module here imports only torch, transformers and its neighbours (flat `from .x import Y`), because
+`save_pretrained` / `wedlm-hf export` copy this folder (all modules but this `__init__`) beside the weights, where
+transformers loads them without wedlm-hf. Wings import the core; the core imports no wing.
+
+- `configuration_wedlm`, `modeling_wedlm`: config and model (Qwen3 parts, WeDLM's differences stated).
+- `generation_wedlm`: `generate(strategy="wedlm")`'s arguments, checks and output.
+- `streaming_decoder`, `window_filling`, `ragged_cache`: the decoding loop, the fill rule and sampler, the KV cache
+  shared by rows that commit at different rates.
+- `dual_stream_loss`: the training loss the model returns on a dual-stream batch.
+"""
+
+from .configuration_wedlm import WeDLMConfig
+from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS, WeDLMGenerateOutput, generate_wedlm
+from .modeling_wedlm import WeDLMCausalLMOutput, WeDLMForCausalLM, WeDLMModel, WeDLMPreTrainedModel
+from .streaming_decoder import WeDLMStats
+
+__all__ = [
+    "STRATEGIES",
+    "WEDLM_GENERATION_DEFAULTS",
+    "WeDLMCausalLMOutput",
+    "WeDLMConfig",
+    "WeDLMForCausalLM",
+    "WeDLMGenerateOutput",
+    "WeDLMModel",
+    "WeDLMPreTrainedModel",
+    "WeDLMStats",
+    "generate_wedlm",
+]
