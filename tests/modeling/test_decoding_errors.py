@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import build_model, prompts
 from transformers import (
+    DynamicCache,
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
@@ -30,7 +31,14 @@ def ids():
         ({"wedlm_window_size": 2.5}, "wedlm_window_size must be an integer >= 1"),
         ({"wedlm_window_size": True}, "wedlm_window_size must be an integer >= 1"),
         ({"wedlm_entropy_threshold": -0.1}, r"wedlm_entropy_threshold must be a number >= 0 .* or None"),
-        ({"wedlm_pos_penalty_factor": -1.0}, "wedlm_pos_penalty_factor must be a number >= 0"),
+        ({"wedlm_pos_penalty_factor": -1.0}, "wedlm_pos_penalty_factor must be a finite number >= 0"),
+        ({"wedlm_entropy_threshold": float("nan")}, r"wedlm_entropy_threshold must be a number >= 0 .* got nan"),
+        ({"wedlm_pos_penalty_factor": float("nan")}, "wedlm_pos_penalty_factor must be a finite number >= 0"),
+        ({"wedlm_pos_penalty_factor": float("inf")}, "wedlm_pos_penalty_factor must be a finite number >= 0"),
+        ({"wedlm_lossless": "yes"}, "wedlm_lossless must be True or False"),
+        ({"max_new_tokens": 2.5}, r"max_new_tokens must be a whole number of tokens, got 2.5"),
+        ({"max_length": 20.0}, r"max_length must be a whole number of tokens, got 20.0"),
+        ({"cache": DynamicCache(), "past_key_values": DynamicCache()}, "Pass the cache once"),
         ({"wedlm_windowsize": 4}, "wedlm_windowsize: unknown WeDLM option; known: wedlm_window_size"),
         ({"num_beams": 2}, "num_beams=2: beam search is unsupported; set num_beams=1"),
         ({"repetition_penalty": 1.3}, r"RepetitionPenaltyLogitsProcessor.*repetition_penalty=1.0"),

@@ -130,7 +130,17 @@ def test_stats_count_forwards_tokens_and_rows(model64):
     assert stats.forwards <= stats.rows_fed <= 16 * stats.forwards
     assert stats.tokens_per_forward == pytest.approx(20 / stats.forwards)
     assert stats.p_cache == pytest.approx(20 / stats.rows_fed)
-    assert set(stats.to_dict()) == {"forwards", "tokens", "rows_fed", "tokens_per_forward", "p_cache"}
+    assert set(stats.to_dict()) == {
+        "forwards",
+        "tokens",
+        "rows_fed",
+        "tokens_per_forward",
+        "p_cache",
+        "accepted_drafts",
+        "rejected_drafts",
+        "acceptance_rate",
+    }
+    assert stats.accepted_drafts == stats.rejected_drafts == 0 and stats.acceptance_rate is None  # not lossless
 
 
 def test_accept_all_threshold_fills_whole_window(model64):

@@ -24,7 +24,8 @@ from transformers.generation import (
     TypicalLogitsWarper,
 )
 
-from .streaming_decoder import StreamingDecoder, WeDLMStats
+from .batch_stopping import BatchStoppingCriteria
+from .streaming_decoder import DecodingSettings, StreamingDecoder, WeDLMStats
 from .window_filling import FillSampler
 
 STRATEGIES = ("ar", "wedlm")
@@ -33,6 +34,7 @@ WEDLM_GENERATION_DEFAULTS = {
     "wedlm_window_size": 16,
     "wedlm_entropy_threshold": 0.4,
     "wedlm_pos_penalty_factor": 0.02,
+    "wedlm_lossless": False,
 }
 # Warpers that read only the scores, so they mean the same for a masked slot as for a next token.
 _SCORE_ONLY_WARPERS = (
@@ -111,6 +113,8 @@ def generate_wedlm(
         wedlm_entropy_threshold (float or None, 0.4): fill every mask whose adjusted entropy (nats) is below it;
             None fills one mask per forward.
         wedlm_pos_penalty_factor (float, 0.02): entropy penalty per slot of distance from the leftmost mask.
+        wedlm_lossless (bool, False): commit a drafted token only where the model's own AR decoding agrees, so the
+            output equals plain `generate` (greedy: token for token; sampling: in distribution).
         mask_token_id (int): argument, then `config.mask_token_id`, then the generation config, then the
             tokenizer's mask token.
     Returns a LongTensor (batch, T + new) or, with `return_dict_in_generate=True`, a `WeDLMGenerateOutput`.
@@ -137,12 +141,12 @@ def generate_wedlm(
         input_ids = input_ids[None]
     config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
     attention_mask = model_kwargs.pop("attention_mask", None)
-    past_key_values = model_kwargs.pop("past_key_values", None)
+    past_key_values = _cache_argument(model_kwargs)
     model_kwargs.pop("use_cache", None)
     _refuse(bool(model_kwargs), ", ".join(sorted(model_kwargs)), "not supported by strategy='wedlm'; remove it")
 
-    window_size, threshold, penalty = (_setting(explicit, config, key) for key in explicit)
-    _validate_wedlm_settings(window_size, threshold, penalty)
+    window_size, threshold, penalty, lossless = (_setting(explicit, config, key) for key in explicit)
+    _validate_wedlm_settings(window_size, threshold, penalty, lossless)
     mask_token_id = _resolve_mask_token_id(model, config, tokenizer, mask_token_id)
     _validate_config(config, past_key_values)
 
@@ -189,22 +193,30 @@ def generate_wedlm(
     if pad_token_id is None and can_stop_early and input_ids.shape[0] > 1:
         raise ValueError("Rows that stop early are padded with pad_token_id: set pad_token_id (or eos_token_id).")
 
-    decoder = StreamingDecoder(
-        model,
-        mask_token_id=mask_token_id,
+    settings = DecodingSettings(
+        max_new_tokens=max_new_tokens,
         window_size=window_size,
         entropy_threshold=threshold,
         pos_penalty_factor=penalty,
+        lossless=lossless,
         sampler=FillSampler(bool(config.do_sample), processors),
-        max_new_tokens=max_new_tokens,
-        stop_ids=stop_ids,
-        stopping_criteria=criteria,
-        streamer=streamer,
-        keep_cache=bool(config.return_dict_in_generate),
+        stop_ids=frozenset(stop_ids),
     )
+    decoder = StreamingDecoder(
+        model, mask_token_id, keep_cache=bool(config.return_dict_in_generate), cache=past_key_values
+    )
+    rows = [decoder.add(input_ids[b][attention_mask[b].bool()].tolist(), settings) for b in range(len(input_ids))]
+    stopping = BatchStoppingCriteria(criteria, input_ids, pad_token_id)
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    rows = decoder.decode(input_ids, attention_mask, cache=past_key_values)
+    streamed = 0
+    while decoder.busy:
+        decoder.step()
+        for index, keep in stopping.consult(rows).items():
+            decoder.finish(rows[index], keep=keep, reason="stop")
+        if streamer is not None and len(rows[0].generated) > streamed:
+            streamer.put(torch.tensor(rows[0].generated[streamed:]))
+            streamed = len(rows[0].generated)
     if streamer is not None:
         streamer.end()
 
@@ -234,18 +246,34 @@ def _setting(explicit: dict, config, key: str):
     return value
 
 
-def _validate_wedlm_settings(window_size, threshold, penalty) -> None:
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _validate_wedlm_settings(window_size, threshold, penalty, lossless) -> None:
     if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
         raise ValueError(f"wedlm_window_size must be an integer >= 1 (16 is the default), got {window_size!r}.")
-    if threshold is not None and (
-        isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0
-    ):
+    # NaN compares false with everything (`x != x` only for NaN), so it would silently disable the threshold.
+    if threshold is not None and (not _is_number(threshold) or threshold != threshold or threshold < 0):
         raise ValueError(
-            "wedlm_entropy_threshold must be a number >= 0 (nats; 0.4 is the default) or None for one token per "
-            f"forward, got {threshold!r}."
+            "wedlm_entropy_threshold must be a number >= 0 (nats; 0.4 is the default; float('inf') fills every mask) "
+            f"or None for one token per forward, got {threshold!r}."
         )
-    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or penalty < 0:
-        raise ValueError(f"wedlm_pos_penalty_factor must be a number >= 0 (0.02 is the default), got {penalty!r}.")
+    if not _is_number(penalty) or penalty != penalty or penalty == float("inf") or penalty < 0:
+        raise ValueError(
+            f"wedlm_pos_penalty_factor must be a finite number >= 0 (0.02 is the default), got {penalty!r}."
+        )
+    if not isinstance(lossless, bool):
+        raise ValueError(f"wedlm_lossless must be True or False (False is the default), got {lossless!r}.")
+
+
+def _cache_argument(model_kwargs: dict):
+    """The cache given as `past_key_values` (transformers <= 5.23) or `cache` (its name from 5.24 on)."""
+    past_key_values = model_kwargs.pop("past_key_values", None)
+    cache = model_kwargs.pop("cache", None)
+    if past_key_values is not None and cache is not None and past_key_values is not cache:
+        raise ValueError("Pass the cache once: as `cache` (or `past_key_values`, its older name), not both.")
+    return cache if cache is not None else past_key_values
 
 
 def _resolve_mask_token_id(model, config, tokenizer, explicit) -> int:
@@ -304,6 +332,10 @@ def _validate_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
 
 
 def _max_new_tokens(config, prompt_width: int) -> int:
+    for name in ("max_new_tokens", "max_length"):
+        value = getattr(config, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be a whole number of tokens, got {value!r}: pass e.g. {name}=64.")
     if config.max_new_tokens is not None:
         max_new = config.max_new_tokens
     else:

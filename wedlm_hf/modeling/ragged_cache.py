@@ -37,11 +37,22 @@ class RaggedCache:
             return 0
         return self.length - int(self.valid.sum(1).max())
 
+    def add_rows(self, count: int) -> None:
+        """Appends `count` batch rows with no valid column: rows that join a running batch."""
+        self.valid = torch.cat([self.valid, self.valid.new_zeros((count, self.length))])
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.dim() == 4:
+                layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((count, *layer.keys.shape[1:]))])
+                layer.values = torch.cat([layer.values, layer.values.new_zeros((count, *layer.values.shape[1:]))])
+
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, new_valid: torch.Tensor, logits_to_keep: int
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, new_valid: torch.Tensor, columns: list[int]
     ) -> torch.Tensor:
-        """Runs the model on new rows on top of the cache (their K/V are appended); returns the last logits rows."""
+        """Runs the model on new rows on top of the cache (their K/V are appended); returns the logits of the given
+        columns of the new rows (ascending), computing no others where the model allows."""
         attention_mask = torch.cat([self.valid, new_valid], dim=1).long()
+        width = input_ids.shape[1]
+        tail = columns == list(range(width - len(columns), width))
         kwargs = {}
         if self._flash and input_ids.shape[0] == 1:
             # Without these, flash attention reads batch-1 non-monotonic positions as packed sequences and attends
@@ -54,7 +65,7 @@ class RaggedCache:
                 "max_length_k": k_len,
             }
         if self._keeps_logits:
-            kwargs["logits_to_keep"] = logits_to_keep
+            kwargs["logits_to_keep"] = len(columns) if tail else torch.tensor(columns, device=input_ids.device)
         logits = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -64,7 +75,9 @@ class RaggedCache:
             **kwargs,
         ).logits
         self.valid = attention_mask.bool()
-        return logits[:, -logits_to_keep:]
+        if self._keeps_logits:
+            return logits
+        return logits[:, columns]
 
     def keep_leading(self, fed: int, keep: list[int]) -> None:
         """Of the `fed` columns just appended, row b keeps its first keep[b]; the others become scratch."""

@@ -1,28 +1,33 @@
-"""Streaming parallel decoding (WEDLM.md section 3) for a batch of left-padded prompts on one reused KV cache.
+"""Streaming parallel decoding (docs/algorithm.md) for rows that join and leave one shared KV cache.
 
-Each row keeps a window of uncommitted slots after its committed length P: masks, or tokens sampled but not yet
+Each row keeps a window of uncommitted slots after its committed length P: masks, or tokens filled but not yet
 committed. A step feeds every row's window reordered (filled slots first, then masks, each at its logical
 position), commits the leading run of filled slots (their K/V, computed against the clean prefix only, stay in
-the cache), drops the K/V of every other window row, and fills masks by entropy. Rows advance independently;
-finished rows leave the batch.
+the cache), drops the K/V of every other window row, and fills masks by entropy. In lossless mode the run's own
+rows verify it first (`draft_verification`). Rows carry their own settings, advance independently, may join at
+any step (their prompt is prefilled in that step's forward, before its window) and leave as soon as they finish:
+`generate_wedlm` runs a fixed batch to the end, a server keeps adding requests.
 """
 
 from dataclasses import dataclass, field
 
 import torch
 
+from .draft_verification import ar_choice, judge_draft
 from .ragged_cache import RaggedCache
 from .window_filling import FillSampler, choose_fills, entropy, suppress_token
 
 
 @dataclass
 class WeDLMStats:
-    """Per-row decoding statistics: decoding forwards, committed tokens, and window rows fed (prompt rows, prefilled
-    in the first forward, are not counted)."""
+    """Per-row decoding statistics: decoding forwards, committed tokens, window rows fed (prompt rows, prefilled
+    in the first forward, are not counted) and, in lossless mode, drafts accepted or rejected by verification."""
 
     forwards: int = 0
     tokens: int = 0
     rows_fed: int = 0
+    accepted_drafts: int = 0
+    rejected_drafts: int = 0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -33,6 +38,12 @@ class WeDLMStats:
         """Committed tokens / token rows fed in decoding forwards (1.0 = every computed row was kept)."""
         return self.tokens / self.rows_fed if self.rows_fed else 0.0
 
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / verified drafts in lossless mode; None when no draft was verified."""
+        checked = self.accepted_drafts + self.rejected_drafts
+        return self.accepted_drafts / checked if checked else None
+
     def to_dict(self) -> dict:
         return {
             "forwards": self.forwards,
@@ -40,21 +51,50 @@ class WeDLMStats:
             "rows_fed": self.rows_fed,
             "tokens_per_forward": self.tokens_per_forward,
             "p_cache": self.p_cache,
+            "accepted_drafts": self.accepted_drafts,
+            "rejected_drafts": self.rejected_drafts,
+            "acceptance_rate": self.acceptance_rate,
         }
 
 
 @dataclass
-class _Row:
-    """One sequence: its prompt, committed tokens and window (`None` = mask)."""
+class DecodingSettings:
+    """How one row decodes. Rows with different settings share a batch."""
+
+    max_new_tokens: int
+    window_size: int = 16
+    entropy_threshold: float | None = 0.4
+    pos_penalty_factor: float = 0.02
+    lossless: bool = False
+    sampler: FillSampler = field(default_factory=FillSampler)
+    stop_ids: frozenset[int] = frozenset()
+
+
+@dataclass(eq=False)
+class Fill:
+    """A filled window slot. `final`: lossless mode's own AR token, committed by the next forward without a check.
+    `q` / `verifiable`: for sampled drafts in lossless mode (see `draft_verification.judge_draft`)."""
+
+    token: int
+    final: bool = False
+    q: torch.Tensor | None = None
+    verifiable: bool = True
+
+
+@dataclass(eq=False)
+class DecodingRow:
+    """One sequence: its prompt, committed tokens, window (`None` = mask) and settings."""
 
     index: int
     prompt: list[int]
-    budget: int
+    settings: DecodingSettings
     generated: list[int] = field(default_factory=list)
-    window: list[int | None] = field(default_factory=list)
+    window: list[Fill | None] = field(default_factory=list)
     stats: WeDLMStats = field(default_factory=WeDLMStats)
     done: bool = False
-    kv: list | None = None  # the finished row's cache, kept only when the caller wants it back
+    finish_reason: str | None = None  # "stop" (a stop token), "length", or what the caller passed to `finish`
+    kv: list | None = None  # the finished row's cache, kept only when the decoder was asked to
+    prefilled: bool = False
 
     @property
     def committed(self) -> int:
@@ -67,146 +107,265 @@ class _Row:
             run += 1
         return run
 
-    def refill(self, window_size: int, stop_ids: set[int]) -> None:
-        """Appends masks so `window_size` slots remain after this step's commit, within the token budget and
-        never after a filled stop token."""
-        if any(token in stop_ids for token in self.window if token is not None):
+    def refill(self) -> None:
+        """Appends masks so W slots remain after this step's commit, within the token budget and never after a
+        filled stop token."""
+        stop_ids = self.settings.stop_ids
+        if any(slot is not None and slot.token in stop_ids for slot in self.window):
             return
-        room = self.budget - len(self.generated) - len(self.window)
-        wanted = window_size + self.leading_run() - len(self.window)
+        room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
+        wanted = self.settings.window_size + self.leading_run() - len(self.window)
         self.window.extend([None] * max(0, min(wanted, room)))
+
+    def commit(self, count: int) -> int:
+        """Moves the first `count` window tokens into the committed text, stopping at a stop token or the budget;
+        returns how many were kept."""
+        kept = 0
+        for slot in self.window[:count]:
+            self.generated.append(slot.token)
+            kept += 1
+            if slot.token in self.settings.stop_ids:
+                self.done, self.finish_reason = True, "stop"
+            elif len(self.generated) >= self.settings.max_new_tokens:
+                self.done, self.finish_reason = True, "length"
+            if self.done:
+                break
+        self.window = self.window[kept:]
+        self.stats.tokens += kept
+        return kept
 
 
 class StreamingDecoder:
-    """Runs WeDLM decoding to the end for every row; see `generate_wedlm` for the user-facing entry point."""
+    """Decodes rows on one shared cache, one forward per `step()`; see `generate_wedlm` for generate's front.
 
-    def __init__(
-        self,
-        model,
-        mask_token_id: int,
-        window_size: int,
-        entropy_threshold: float | None,
-        pos_penalty_factor: float,
-        sampler: FillSampler,
-        max_new_tokens: int,
-        stop_ids: set[int],
-        stopping_criteria=None,
-        streamer=None,
-        keep_cache: bool = False,
-    ):
+    add(prompt, settings) -> row joins at the next step; step() -> the rows that committed or finished;
+    finish(row, keep) ends a row early (a stopping criterion, a cancelled request).
+    """
+
+    def __init__(self, model, mask_token_id: int, keep_cache: bool = False, cache=None):
         self.model = model
         self.mask_token_id = mask_token_id
-        self.window_size = window_size
-        self.threshold = entropy_threshold
-        self.penalty = pos_penalty_factor
-        self.sampler = sampler
-        self.max_new_tokens = max_new_tokens
-        self.stop_ids = stop_ids
-        self.criteria = stopping_criteria or []
-        self.streamer = streamer
         self.keep_cache = keep_cache
+        self.kv = RaggedCache(model, 0, max_dead=16, cache=cache)
+        self.active: list[DecodingRow] = []
+        self._joining: list[DecodingRow] = []
+        self._count = 0
 
-    def decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache=None) -> list[_Row]:
-        """input_ids / attention_mask: left-padded (batch, T). Returns the rows in input order."""
-        rows = [
-            _Row(index=b, prompt=input_ids[b][attention_mask[b].bool()].tolist(), budget=self.max_new_tokens)
-            for b in range(input_ids.shape[0])
-        ]
-        kv = RaggedCache(self.model, len(rows), max_dead=max(16, self.window_size), cache=cache)
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-        # The prompt is prefilled in the same forward as the first window (all masks, placed after it): under the
-        # causal mask its rows see only the prompt, so its K/V are those of a separate prefill, one forward sooner.
-        prefill = (input_ids, positions, attention_mask.bool())
+    def add(self, prompt: list[int], settings: DecodingSettings) -> DecodingRow:
+        if not prompt:
+            raise ValueError("Every prompt needs at least one token.")
+        row = DecodingRow(index=self._count, prompt=list(prompt), settings=settings)
+        self._count += 1
+        self._joining.append(row)
+        return row
 
-        active = list(rows)
-        while active:
-            self._step(active, kv, prefill)
-            prefill = None
-            finished = [i for i, row in enumerate(active) if row.done]
-            if finished:
-                if self.keep_cache:
-                    for i in finished:
-                        active[i].kv = kv.row_kv(i)
-                survivors = [i for i, row in enumerate(active) if not row.done]
-                active = [active[i] for i in survivors]
-                if active:
-                    kv.select_rows(survivors)
-            if active:
-                kv.compact_if_needed()
-        return rows
+    @property
+    def busy(self) -> bool:
+        return bool(self.active or self._joining)
 
-    def _step(self, active: list[_Row], kv: RaggedCache, prefill: tuple | None = None) -> None:
-        """One decoding forward for every active row; `prefill` (ids, positions, valid) is fed before the window."""
-        device = kv.valid.device
-        for row in active:
-            row.refill(self.window_size, self.stop_ids)
+    def finish(self, row: DecodingRow, keep: int | None = None, reason: str = "stop") -> None:
+        """Ends `row` now, keeping its first `keep` committed tokens (all by default)."""
+        if keep is not None and keep < len(row.generated):
+            row.stats.tokens -= len(row.generated) - keep
+            del row.generated[keep:]
+        if row in self._joining:
+            self._joining.remove(row)
+        if not row.done:
+            row.done, row.finish_reason = True, reason
+        if row in self.active:
+            self._retire([row])
+        elif row.kv is not None:
+            row.kv = _truncated(row.kv, row.committed)
 
-        # Reordered feed per row: [filled slots][padding][masks]; masks last so `logits_to_keep` covers them all.
+    def step(self) -> list[DecodingRow]:
+        """One forward for every active row and every row that joined since the last step."""
+        joining, self._joining = self._joining, []
+        if joining:
+            self.kv.add_rows(len(joining))
+            self.active += joining
+        rows = self.active
+        if not rows:
+            return []
+        self.kv.max_dead = max(16, max(row.settings.window_size for row in rows))
+        for row in rows:
+            row.refill()
+
+        # Per row: [prompt, right-aligned, joining rows only][filled slots][padding][masks]; masks last so that the
+        # kept logits are the tail, filled slots first so that the leading run is fed in logical order.
+        prompt_width = max((len(row.prompt) for row in joining), default=0)
         feeds = []
-        for row in active:
+        for row in rows:
             base = row.committed
-            filled = [(tok, base + i) for i, tok in enumerate(row.window) if tok is not None]
-            masks = [base + i for i, tok in enumerate(row.window) if tok is None]
+            filled = [(slot.token, base + i) for i, slot in enumerate(row.window) if slot is not None]
+            masks = [base + i for i, slot in enumerate(row.window) if slot is None]
             feeds.append((filled, masks))
-        width = max(len(f) + len(m) for f, m in feeds)
-        n_masks = max(len(m) for _, m in feeds)
-        ids = torch.full((len(active), width), self.mask_token_id, dtype=torch.long)
-        pos = torch.zeros((len(active), width), dtype=torch.long)
-        valid = torch.zeros((len(active), width), dtype=torch.bool)
-        for b, (filled, masks) in enumerate(feeds):
+        window_width = max(len(f) + len(m) for f, m in feeds)
+        width = prompt_width + window_width
+        ids = torch.full((len(rows), width), self.mask_token_id, dtype=torch.long)
+        pos = torch.zeros((len(rows), width), dtype=torch.long)
+        valid = torch.zeros((len(rows), width), dtype=torch.bool)
+        runs = []
+        for b, (row, (filled, masks)) in enumerate(zip(rows, feeds)):
+            if not row.prefilled:
+                start = prompt_width - len(row.prompt)
+                ids[b, start:prompt_width] = torch.tensor(row.prompt)
+                pos[b, start:prompt_width] = torch.arange(len(row.prompt))
+                valid[b, start:prompt_width] = True
             if filled:
-                ids[b, : len(filled)] = torch.tensor([t for t, _ in filled])
-                pos[b, : len(filled)] = torch.tensor([p for _, p in filled])
-                valid[b, : len(filled)] = True
+                ids[b, prompt_width : prompt_width + len(filled)] = torch.tensor([t for t, _ in filled])
+                pos[b, prompt_width : prompt_width + len(filled)] = torch.tensor([p for _, p in filled])
+                valid[b, prompt_width : prompt_width + len(filled)] = True
             if masks:
                 pos[b, width - len(masks) :] = torch.tensor(masks)
                 valid[b, width - len(masks) :] = True
-            active[b].stats.forwards += 1
-            active[b].stats.rows_fed += len(filled) + len(masks)
+            row.stats.forwards += 1
+            row.stats.rows_fed += len(filled) + len(masks)
+            runs.append(row.leading_run())
 
-        ids, pos, valid = ids.to(device), pos.to(device), valid.to(device)
-        if prefill is not None:
-            ids, pos, valid = (torch.cat([before, after], dim=1) for before, after in zip(prefill, (ids, pos, valid)))
-        logits = kv.forward(ids, pos, valid, logits_to_keep=max(n_masks, 1))
+        # Logits for the masks, and in lossless mode for the run (it verifies itself) and a new row's last prompt
+        # token (its AR prediction is the first slot's token).
+        n_masks = max(len(m) for _, m in feeds)
+        wanted = set(range(width - n_masks, width))
+        for row, run in zip(rows, runs):
+            if row.settings.lossless:
+                wanted.update(range(prompt_width, prompt_width + run))
+                if not row.prefilled:
+                    wanted.add(prompt_width - 1)
+        columns = sorted(wanted) or [width - 1]
+        device = self.kv.valid.device
+        logits = self.kv.forward(ids.to(device), pos.to(device), valid.to(device), columns)
+        column = {c: j for j, c in enumerate(columns)}
 
-        # Commit each row's leading filled run: its K/V are exactly AR prefill K/V; everything else is scratch.
-        runs = [row.leading_run() for row in active]
-        kv.keep_leading(width, runs)
-        kept = [self._commit(row, run) for row, run in zip(active, runs)]
-        if kept != runs:
-            kv.keep_leading(max(runs), kept)
+        kept = []
+        for b, (row, run) in enumerate(zip(rows, runs)):
+            if row.settings.lossless:
+                ar_rows = [column[prompt_width + i] for i in range(run)]
+                if not row.prefilled:
+                    ar_rows = [column[prompt_width - 1]]
+                kept.append(self._verify_and_commit(row, run, logits[b, ar_rows]))
+            else:
+                kept.append(row.commit(run))
+            row.prefilled = True
+        self.kv.keep_leading(window_width, kept)
 
-        if n_masks == 0:
-            return
-        scores = suppress_token(logits[:, logits.shape[1] - n_masks :], self.mask_token_id)
-        entropies = entropy(scores).tolist()
-        tokens = self.sampler(scores.flatten(0, 1)).view(len(active), n_masks).tolist()
-        for b, row in enumerate(active):
-            n_row = len(feeds[b][1])
-            if row.done or n_row == 0:
-                continue
-            slots = [i for i, tok in enumerate(row.window) if tok is None]
-            picks = choose_fills(entropies[b][n_masks - n_row :], slots, self.threshold, self.penalty)
-            for i in picks:
-                row.window[slots[i]] = tokens[b][n_masks - n_row + i]
+        if n_masks:
+            self._fill(rows, feeds, logits[:, [column[c] for c in range(width - n_masks, width)]])
+        finished = [row for row in rows if row.done]
+        if finished:
+            self._retire(finished)
+        if self.active:
+            self.kv.compact_if_needed()
+        return [row for row, n in zip(rows, kept) if n or row.done]
 
-    def _commit(self, row: _Row, run: int) -> int:
-        """Moves the leading run into the committed text, stopping at a stop; returns how many were kept."""
-        kept = 0
-        for token in row.window[:run]:
-            row.generated.append(token)
-            kept += 1
-            if token in self.stop_ids or len(row.generated) >= row.budget or self._criteria_stop(row):
-                row.done = True
-                break
-        row.window = row.window[run:]
-        row.stats.tokens += kept
-        if self.streamer is not None and kept:
-            self.streamer.put(torch.tensor(row.generated[-kept:]))
+    def _verify_and_commit(self, row: DecodingRow, run: int, ar_logits: torch.Tensor) -> int:
+        """Lossless commit. ar_logits[i] is the AR prediction for window slot i + 1 (for a new row: one row, for
+        slot 0). Slot 0 is the final token placed last step; each later draft commits only if AR agrees, and the
+        AR token after the last accepted one becomes the next final token (at a rejection, in the draft's place,
+        with every later fill discarded)."""
+        settings, sampler = row.settings, row.settings.sampler
+        first = 0 if not row.prefilled else 1
+        if row.prefilled and (run == 0 or not row.window[0].final):
+            raise RuntimeError("Lossless decoding lost its final token: this is a bug in wedlm_hf.")
+        accepted, replacement, room = first, None, settings.max_new_tokens - len(row.generated)
+        ends = any(slot.token in settings.stop_ids for slot in row.window[:first]) or first >= room
+        rejected = False
+        if not ends:
+            for i in range(first, run):
+                slot = row.window[i]
+                replacement = judge_draft(slot.token, slot.q, slot.verifiable, ar_logits[i - 1], sampler)
+                if replacement is not None:
+                    row.stats.rejected_drafts += 1
+                    rejected = True
+                    break
+                row.stats.accepted_drafts += 1
+                accepted += 1
+                if slot.token in settings.stop_ids or accepted >= room:
+                    ends = True
+                    break
+            else:
+                replacement = ar_choice(ar_logits[run - first], sampler)
+        kept = row.commit(accepted)
+        if row.done or ends or replacement is None:
+            return kept
+        if row.window:
+            row.window[0] = Fill(replacement, final=True)
+            if rejected:  # every later fill was drawn with the rejected draft in view
+                row.window[1:] = [None] * (len(row.window) - 1)
+        else:
+            row.window.append(Fill(replacement, final=True))
+        if replacement in settings.stop_ids:
+            del row.window[1:]
         return kept
 
-    def _criteria_stop(self, row: _Row) -> bool:
-        if not self.criteria:
-            return False
-        ids = torch.tensor([row.prompt + row.generated], device=self.model.device)
-        return any(bool(criterion(ids, None).any()) for criterion in self.criteria)
+    def _fill(self, rows: list[DecodingRow], feeds: list, mask_logits: torch.Tensor) -> None:
+        """Fills masks by the entropy rule from this forward's mask logits (rows' masks are right-aligned)."""
+        n_masks = mask_logits.shape[1]
+        scores = suppress_token(mask_logits, self.mask_token_id)
+        entropies = entropy(scores).tolist()
+        tokens, probabilities = _sample(rows, scores)
+        for b, row in enumerate(rows):
+            masks = feeds[b][1]
+            if row.done or not masks:
+                continue
+            first = n_masks - len(masks)
+            # Masks fed this step that are still masks (lossless mode may have placed its final token on one).
+            open_slots = [
+                (j, p - row.committed)
+                for j, p in enumerate(masks)
+                if 0 <= p - row.committed < len(row.window) and row.window[p - row.committed] is None
+            ]
+            if not open_slots:
+                continue
+            picks = choose_fills(
+                [entropies[b][first + j] for j, _ in open_slots],
+                [slot for _, slot in open_slots],
+                row.settings.entropy_threshold,
+                row.settings.pos_penalty_factor,
+            )
+            sampled = row.settings.lossless and row.settings.sampler.do_sample
+            for i in picks:
+                j, slot = open_slots[i]
+                q = probabilities[b][first + j] if sampled else None
+                row.window[slot] = Fill(tokens[b][first + j], q=q)
+            if sampled:
+                for i in picks:
+                    slot = open_slots[i][1]
+                    row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
+
+    def _retire(self, finished: list[DecodingRow]) -> None:
+        positions = [i for i, row in enumerate(self.active) if row in finished]
+        if self.keep_cache:
+            for i in positions:
+                self.active[i].kv = _truncated(self.kv.row_kv(i), self.active[i].committed)
+        survivors = [i for i in range(len(self.active)) if i not in positions]
+        self.active = [self.active[i] for i in survivors]
+        self.kv.select_rows(survivors)
+
+
+def _sample(rows: list[DecodingRow], scores: torch.Tensor) -> tuple[list[list[int]], list | None]:
+    """Tokens for every mask row of every row, drawn by each row's sampler (rows sharing one sampler draw
+    together), and the distributions drawn from where lossless sampling needs them."""
+    tokens: list = [None] * len(rows)
+    probabilities: list = [None] * len(rows)
+    groups: dict[int, list[int]] = {}
+    for b, row in enumerate(rows):
+        groups.setdefault(id(row.settings.sampler), []).append(b)
+    for members in groups.values():
+        sampler = rows[members[0]].settings.sampler
+        block = scores[members].flatten(0, 1)
+        if sampler.do_sample:
+            probs = sampler.probabilities(block)
+            drawn = sampler.draw(probs).view(len(members), -1).tolist()
+            probs = probs.view(len(members), scores.shape[1], -1)
+        else:
+            drawn, probs = block.argmax(dim=-1).view(len(members), -1).tolist(), None
+        for k, b in enumerate(members):
+            tokens[b] = drawn[k]
+            if probs is not None and rows[b].settings.lossless:
+                probabilities[b] = probs[k]
+    return tokens, probabilities
+
+
+def _truncated(kv: list, length: int) -> list:
+    """A row's per-layer (heads, tokens, dim) K/V cut to its first `length` tokens."""
+    return [(k[:, :length], v[:, :length]) for k, v in kv]

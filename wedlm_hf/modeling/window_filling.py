@@ -38,16 +38,33 @@ def choose_fills(entropies: list[float], offsets: list[int], threshold: float | 
 
 
 class FillSampler:
-    """Greedy argmax, or sampling through score-only warpers (temperature, top-k, top-p, ...) built by `generate`."""
+    """Greedy argmax, or sampling through score-only warpers (temperature, top-k, top-p, ...) built by `generate`.
 
-    def __init__(self, do_sample: bool, warpers: LogitsProcessorList | None = None):
+    The same sampler draws the fills of masked slots and, in lossless decoding, the model's own AR tokens; the
+    optional `generator` makes one row's draws independent of the others' (a server's per-request `seed`).
+    """
+
+    def __init__(self, do_sample: bool = False, warpers: LogitsProcessorList | None = None, generator=None):
         self.do_sample = do_sample
         self.warpers = warpers or LogitsProcessorList()
+        self.generator = generator
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution (N, vocab) a sample is drawn from: softmax of the warped float logits."""
+        logits = logits.float()
+        no_context = torch.empty((logits.shape[0], 0), dtype=torch.long, device=logits.device)
+        return torch.softmax(self.warpers(no_context, logits), dim=-1)
+
+    def draw(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """One token id per row of a (N, vocab) distribution."""
+        return torch.multinomial(probabilities, num_samples=1, generator=self.generator).squeeze(1)
+
+    def uniform(self, device) -> float:
+        """A U(0, 1) draw from the same stream, for accepting or rejecting a draft."""
+        return float(torch.rand((), generator=self.generator, device=device))
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        """Token ids (N,) for logits (N, vocab) whose mask token is already suppressed."""
+        """Token ids (N,) for logits (N, vocab) (for fills, the mask token is already suppressed)."""
         if not self.do_sample:
             return logits.argmax(dim=-1)
-        no_context = torch.empty((logits.shape[0], 0), dtype=torch.long, device=logits.device)
-        scores = self.warpers(no_context, logits)
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        return self.draw(self.probabilities(logits))
