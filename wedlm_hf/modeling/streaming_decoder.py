@@ -287,14 +287,18 @@ class StreamingDecoder:
         kept = row.commit(accepted)
         if row.done or ends or replacement is None:
             return kept
+        if replacement in settings.stop_ids or len(row.generated) + 1 >= settings.max_new_tokens:
+            # The row's last token: AR's own choice needs no confirming forward, and like plain `generate` the
+            # cache never holds the last token's K/V.
+            row.window = [Fill(replacement, final=True)]
+            row.commit(1)
+            return kept
         if row.window:
             row.window[0] = Fill(replacement, final=True)
             if rejected:  # every later fill was drawn with the rejected draft in view
                 row.window[1:] = [None] * (len(row.window) - 1)
         else:
             row.window.append(Fill(replacement, final=True))
-        if replacement in settings.stop_ids:
-            del row.window[1:]
         return kept
 
     def _fill(self, rows: list[DecodingRow], feeds: list, mask_logits: torch.Tensor) -> None:
