@@ -81,3 +81,14 @@ def prompts(batch: int, lengths=(7, 11, 5, 9), seed: int = 1) -> tuple[torch.Ten
         ids[b, width - n :] = torch.randint(0, EOS_ID, (n,), generator=g)
         mask[b, width - n :] = 1
     return ids, mask
+
+
+@pytest.fixture(scope="session")
+def shipped_model():
+    """The checkpoint shipped in the package (float32) and its tokenizer."""
+    from transformers import AutoTokenizer
+
+    from wedlm_hf import default_model_path
+
+    path = default_model_path()
+    return WeDLMForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)

@@ -7,39 +7,43 @@ probability min(1, p/q) and otherwise draws from the normalised max(0, p - q) (s
 output is distributed exactly as plain AR decoding with the same warpers (docs/algorithm.md, "Lossless decoding").
 """
 
-import torch
-
 from .window_filling import FillSampler
 
 
-def ar_choice(ar_logits: torch.Tensor, sampler: FillSampler) -> int:
-    """The model's own token at a position, from the AR logits (vocab,) of the token before it: the argmax, or a
-    draw from the warped distribution. The mask token is not suppressed: plain `generate` does not either."""
-    if not sampler.do_sample:
-        return int(ar_logits.argmax())
-    return int(sampler.draw(sampler.probabilities(ar_logits[None]))[0])
+class ArPredictions:
+    """The model's own AR predictions for consecutive window slots of one row, computed in the step's forward.
 
-
-def judge_draft(
-    token: int, q: torch.Tensor | None, verifiable: bool, ar_logits: torch.Tensor, sampler: FillSampler
-) -> int | None:
-    """None when the draft `token` commits; otherwise the token AR decoding puts there instead.
-
-    q is the distribution the draft was drawn from (sampling only). A sampled draft is `verifiable` only if every
-    slot before it was already filled when it was drawn: a draft drawn earlier than a draft before it may have
-    steered that one, and conditioning on the earlier slot's acceptance would then bias it. Such a draft is
-    replaced by a fresh draw from p, which is always exact.
+    Greedy: `choices[i]`, the argmax. Sampling: `probabilities[i]` after the warpers, with `fresh[i]` (a draw from
+    it) and `uniforms[i]` drawn up front for the whole batch at once; each is used at most once.
     """
-    if not sampler.do_sample:
-        choice = int(ar_logits.argmax())
-        return None if choice == token else choice
-    p = sampler.probabilities(ar_logits[None])[0]
-    if not verifiable or q is None:
-        return int(sampler.draw(p[None])[0])
-    q = q.to(p.device)
-    if sampler.uniform(p.device) * float(q[token]) < float(p[token]):
-        return None
-    residual = (p - q).clamp_min(0)
-    if float(residual.sum()) <= 0:  # p == q up to rounding: rejection had probability ~0; p is then exact
-        residual = p
-    return int(sampler.draw((residual / residual.sum())[None])[0])
+
+    def __init__(self, sampler: FillSampler, choices: list[int], probabilities=None, uniforms=None):
+        self.sampler = sampler
+        self.choices = choices
+        self.probabilities = probabilities
+        self.uniforms = uniforms
+
+    def own_token(self, i: int) -> int:
+        """AR's token at slot i (the argmax, or a draw). The mask token is not suppressed: `generate` does not."""
+        return self.choices[i]
+
+    def judge(self, i: int, draft) -> int | None:
+        """None when `draft` (a window `Fill`) commits at slot i; otherwise the token AR decoding puts there.
+
+        Sampling keeps a draft with probability min(1, p/q) and otherwise draws from normalised max(0, p - q), q
+        being the distribution the draft was drawn from. A sampled draft is `verifiable` only if every slot before
+        it was already filled when it was drawn: one drawn earlier than a draft before it may have steered that
+        one, and conditioning on the earlier slot's acceptance would bias it. It is replaced by a fresh draw from
+        p, which is always exact.
+        """
+        if not self.sampler.do_sample:
+            return None if self.choices[i] == draft.token else self.choices[i]
+        if not draft.verifiable or draft.q is None:
+            return self.choices[i]
+        p, q = self.probabilities[i], draft.q
+        if self.uniforms[i] * float(q[draft.token]) < float(p[draft.token]):
+            return None
+        residual = (p - q).clamp_min(0)
+        if float(residual.sum()) <= 0:  # p == q up to rounding: rejection had probability ~0; p is then exact
+            residual = p
+        return int(self.sampler.draw((residual / residual.sum())[None])[0])

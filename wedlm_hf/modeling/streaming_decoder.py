@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .draft_verification import ar_choice, judge_draft
+from .draft_verification import ArPredictions
 from .ragged_cache import RaggedCache
 from .window_filling import FillSampler, choose_fills, entropy, suppress_token
 
@@ -201,23 +201,24 @@ class StreamingDecoder:
             feeds.append((filled, masks))
         window_width = max(len(f) + len(m) for f, m in feeds)
         width = prompt_width + window_width
-        ids = torch.full((len(rows), width), self.mask_token_id, dtype=torch.long)
-        pos = torch.zeros((len(rows), width), dtype=torch.long)
-        valid = torch.zeros((len(rows), width), dtype=torch.bool)
-        runs = []
-        for b, (row, (filled, masks)) in enumerate(zip(rows, feeds)):
-            if not row.prefilled:
-                start = prompt_width - len(row.prompt)
-                ids[b, start:prompt_width] = torch.tensor(row.prompt)
-                pos[b, start:prompt_width] = torch.arange(len(row.prompt))
-                valid[b, start:prompt_width] = True
-            if filled:
-                ids[b, prompt_width : prompt_width + len(filled)] = torch.tensor([t for t, _ in filled])
-                pos[b, prompt_width : prompt_width + len(filled)] = torch.tensor([p for _, p in filled])
-                valid[b, prompt_width : prompt_width + len(filled)] = True
-            if masks:
-                pos[b, width - len(masks) :] = torch.tensor(masks)
-                valid[b, width - len(masks) :] = True
+        ids, pos, valid, runs = [], [], [], []
+        for row, (filled, masks) in zip(rows, feeds):
+            prompt = [] if row.prefilled else row.prompt
+            gap = window_width - len(filled) - len(masks)
+            ids.append(
+                [self.mask_token_id] * (prompt_width - len(prompt))
+                + prompt
+                + [t for t, _ in filled]
+                + [self.mask_token_id] * (gap + len(masks))
+            )
+            pos.append([0] * (prompt_width - len(prompt)) + list(range(len(prompt))) + [p for _, p in filled])
+            pos[-1] += [0] * gap + masks
+            valid.append(
+                [False] * (prompt_width - len(prompt))
+                + [True] * (len(prompt) + len(filled))
+                + [False] * gap
+                + [True] * len(masks)
+            )
             row.stats.forwards += 1
             row.stats.rows_fed += len(filled) + len(masks)
             runs.append(row.leading_run())
@@ -233,16 +234,25 @@ class StreamingDecoder:
                     wanted.add(prompt_width - 1)
         columns = sorted(wanted) or [width - 1]
         device = self.kv.valid.device
-        logits = self.kv.forward(ids.to(device), pos.to(device), valid.to(device), columns)
+        logits = self.kv.forward(
+            torch.tensor(ids, device=device),
+            torch.tensor(pos, device=device),
+            torch.tensor(valid, device=device),
+            columns,
+        )
         column = {c: j for j, c in enumerate(columns)}
 
+        # Lossless rows: the AR predictions of their run rows (for a new row, of its last prompt token).
+        ar_rows = {}
+        for b, (row, run) in enumerate(zip(rows, runs)):
+            if row.settings.lossless:
+                cols = [prompt_width - 1] if not row.prefilled else range(prompt_width, prompt_width + run)
+                ar_rows[b] = [column[c] for c in cols]
+        predictions = _ar_predictions(rows, logits, ar_rows)
         kept = []
         for b, (row, run) in enumerate(zip(rows, runs)):
             if row.settings.lossless:
-                ar_rows = [column[prompt_width + i] for i in range(run)]
-                if not row.prefilled:
-                    ar_rows = [column[prompt_width - 1]]
-                kept.append(self._verify_and_commit(row, run, logits[b, ar_rows]))
+                kept.append(self._verify_and_commit(row, run, predictions[b]))
             else:
                 kept.append(row.commit(run))
             row.prefilled = True
@@ -257,12 +267,12 @@ class StreamingDecoder:
             self.kv.compact_if_needed()
         return [row for row, n in zip(rows, kept) if n or row.done]
 
-    def _verify_and_commit(self, row: DecodingRow, run: int, ar_logits: torch.Tensor) -> int:
-        """Lossless commit. ar_logits[i] is the AR prediction for window slot i + 1 (for a new row: one row, for
-        slot 0). Slot 0 is the final token placed last step; each later draft commits only if AR agrees, and the
-        AR token after the last accepted one becomes the next final token (at a rejection, in the draft's place,
-        with every later fill discarded)."""
-        settings, sampler = row.settings, row.settings.sampler
+    def _verify_and_commit(self, row: DecodingRow, run: int, ar: ArPredictions) -> int:
+        """Lossless commit. `ar` holds the AR predictions for window slots 1..run (for a new row: slot 0). Slot 0
+        is the final token placed last step; each later draft commits only if AR agrees, and the AR token after the
+        last accepted one becomes the next final token (at a rejection, in the draft's place, with every later fill
+        discarded)."""
+        settings = row.settings
         first = 0 if not row.prefilled else 1
         if row.prefilled and (run == 0 or not row.window[0].final):
             raise RuntimeError("Lossless decoding lost its final token: this is a bug in wedlm_hf.")
@@ -272,7 +282,7 @@ class StreamingDecoder:
         if not ends:
             for i in range(first, run):
                 slot = row.window[i]
-                replacement = judge_draft(slot.token, slot.q, slot.verifiable, ar_logits[i - 1], sampler)
+                replacement = ar.judge(i - 1, slot)
                 if replacement is not None:
                     row.stats.rejected_drafts += 1
                     rejected = True
@@ -283,7 +293,7 @@ class StreamingDecoder:
                     ends = True
                     break
             else:
-                replacement = ar_choice(ar_logits[run - first], sampler)
+                replacement = ar.own_token(run - first)
         kept = row.commit(accepted)
         if row.done or ends or replacement is None:
             return kept
@@ -337,13 +347,46 @@ class StreamingDecoder:
                     row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
 
     def _retire(self, finished: list[DecodingRow]) -> None:
-        positions = [i for i, row in enumerate(self.active) if row in finished]
+        leaving = {id(row) for row in finished}
+        positions = [i for i, row in enumerate(self.active) if id(row) in leaving]
         if self.keep_cache:
             for i in positions:
                 self.active[i].kv = _truncated(self.kv.row_kv(i), self.active[i].committed)
-        survivors = [i for i in range(len(self.active)) if i not in positions]
+        survivors = [i for i, row in enumerate(self.active) if id(row) not in leaving]
         self.active = [self.active[i] for i in survivors]
         self.kv.select_rows(survivors)
+
+
+def _ar_predictions(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:
+    """`ArPredictions` for every lossless row, computed in one pass per sampler (argmax, or the warped
+    distributions with one fresh draw and one uniform per position, used only where needed)."""
+    predictions, groups = {}, {}
+    for b in ar_rows:
+        groups.setdefault(id(rows[b].settings.sampler), []).append(b)
+    for members in groups.values():
+        sampler = rows[members[0]].settings.sampler
+        sizes = [len(ar_rows[b]) for b in members]
+        batch_index = [b for b in members for _ in ar_rows[b]]
+        block = logits[batch_index, [c for b in members for c in ar_rows[b]]]
+        if sampler.do_sample:
+            probs = sampler.probabilities(block)
+            fresh = sampler.draw(probs).tolist()
+            uniforms = torch.rand(len(fresh), generator=sampler.generator, device=probs.device).tolist()
+            parts = zip(probs.split(sizes), _split(fresh, sizes), _split(uniforms, sizes))
+            for b, (p, f, u) in zip(members, parts):
+                predictions[b] = ArPredictions(sampler, f, p, u)
+        else:
+            for b, choices in zip(members, _split(block.argmax(dim=-1).tolist(), sizes)):
+                predictions[b] = ArPredictions(sampler, choices)
+    return predictions
+
+
+def _split(values: list, sizes: list[int]) -> list[list]:
+    out, start = [], 0
+    for n in sizes:
+        out.append(values[start : start + n])
+        start += n
+    return out
 
 
 def _sample(rows: list[DecodingRow], scores: torch.Tensor) -> tuple[list[list[int]], list | None]:

@@ -1,0 +1,189 @@
+"""Lossless WeDLM decoding: the output is plain AR `generate`'s, with several tokens committed per forward."""
+
+import pytest
+import torch
+from conftest import EOS_ID, MASK_ID, build_model, prompts, tiny_config
+from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList, TextStreamer
+
+from wedlm_hf import WeDLMForCausalLM
+
+FLAVOURS = {"qwen3": dict(qk_norm=True, attention_bias=False), "qwen2.5": dict(qk_norm=False, attention_bias=True)}
+
+
+@pytest.fixture(scope="module", params=list(FLAVOURS))
+def flavour_model(request):
+    return build_model(seed=3, **FLAVOURS[request.param])
+
+
+def lossless(model, ids, **kwargs):
+    return model.generate(ids, strategy="wedlm", wedlm_lossless=True, **kwargs)
+
+
+@pytest.mark.parametrize("window", [1, 4, 16])
+@pytest.mark.parametrize("threshold", [None, 0.4, 1e9])
+def test_greedy_output_equals_plain_generate_single_and_batched(flavour_model, window, threshold):
+    settings = dict(max_new_tokens=24, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+    for batch in (1, 3):
+        ids, mask = prompts(batch, lengths=(7, 11, 5))
+        ar = flavour_model.generate(ids, attention_mask=mask, do_sample=False, **settings)
+        out = lossless(
+            flavour_model,
+            ids,
+            attention_mask=mask,
+            wedlm_window_size=window,
+            wedlm_entropy_threshold=threshold,
+            return_dict_in_generate=True,
+            **settings,
+        )
+        assert torch.equal(out.sequences, ar)
+        for stats in out.wedlm_stats:
+            assert stats.tokens_per_forward >= 1.0 or stats.tokens < stats.forwards <= stats.tokens + 1
+            if window == 1:  # no slot after the final token: nothing is drafted
+                assert stats.accepted_drafts == stats.rejected_drafts == 0
+
+
+def test_parallel_commits_happen_and_are_counted():
+    """A model whose masks predict what AR would say: drafts are accepted, several tokens per forward."""
+    model = build_model(seed=3, **FLAVOURS["qwen2.5"])
+    ids, _ = prompts(1)
+    out = lossless(model, ids, max_new_tokens=30, eos_token_id=None, wedlm_window_size=8, return_dict_in_generate=True)
+    stats = out.wedlm_stats[0]
+    assert stats.accepted_drafts > 0 and stats.rejected_drafts > 0
+    assert stats.acceptance_rate == pytest.approx(
+        stats.accepted_drafts / (stats.accepted_drafts + stats.rejected_drafts)
+    )
+    assert stats.tokens == 30 and stats.forwards < 30  # fewer forwards than plain generate's 30
+    assert stats.to_dict()["acceptance_rate"] == stats.acceptance_rate
+
+
+def test_stops_budget_and_stop_strings_match_generate(model64, char_tokenizer):
+    ids, mask = prompts(2, lengths=(6, 9))
+    free = model64.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, eos_token_id=None)
+    stop_token = int(free[0, ids.shape[1] + 4])  # a token the first row emits early: a stop there
+    stop_text = char_tokenizer.decode(free[1, ids.shape[1] + 6 : ids.shape[1] + 8])
+    for kwargs in (
+        dict(max_new_tokens=13, eos_token_id=None),
+        dict(max_new_tokens=20, eos_token_id=stop_token, pad_token_id=EOS_ID),
+        # (with an eos_token_id, plain generate pads rows a criterion finished; without one it lets them run on)
+        dict(max_new_tokens=20, eos_token_id=EOS_ID, pad_token_id=EOS_ID, stop_strings=[stop_text]),
+    ):
+        extra = {"tokenizer": char_tokenizer} if "stop_strings" in kwargs else {}
+        ar = model64.generate(ids, attention_mask=mask, do_sample=False, **kwargs, **extra)
+        out = lossless(model64, ids, attention_mask=mask, wedlm_window_size=6, **kwargs, **extra)
+        assert torch.equal(out, ar), kwargs
+
+
+def test_streamer_receives_the_same_text(model64, char_tokenizer, capsys):
+    ids, _ = prompts(1)
+    ar = model64.generate(ids, do_sample=False, max_new_tokens=16, eos_token_id=None)
+    lossless(
+        model64, ids, max_new_tokens=16, eos_token_id=None, streamer=TextStreamer(char_tokenizer, skip_prompt=True)
+    )
+    assert capsys.readouterr().out == char_tokenizer.decode(ar[0, ids.shape[1] :]) + "\n"
+
+
+def test_cache_after_decoding_equals_ar_prefill_of_the_output(model64):
+    """Every committed token's K/V is an AR prefill's; like plain generate, the last token's is never computed."""
+    ids, mask = prompts(3)
+    out = lossless(
+        model64,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=18,
+        eos_token_id=EOS_ID,
+        pad_token_id=EOS_ID,
+        wedlm_window_size=5,
+        wedlm_entropy_threshold=0.9,
+        return_dict_in_generate=True,
+    )
+    seq, width = out.sequences, ids.shape[1]
+    full = torch.zeros_like(seq)
+    for b in range(3):
+        full[b, : width + out.wedlm_stats[b].tokens] = torch.cat(
+            [mask[b], torch.ones(out.wedlm_stats[b].tokens, dtype=torch.long)]
+        )
+    prefill = DynamicCache(config=model64.config)
+    with torch.no_grad():
+        model64(seq, attention_mask=full, position_ids=(full.cumsum(-1) - 1).clamp_min(0), past_key_values=prefill)
+    for layer_out, layer_ref in zip(out.past_key_values.layers, prefill.layers):
+        for b in range(3):
+            cols = full[b].bool().nonzero().squeeze(1)
+            cached, last = cols[:-1], cols[-1]
+            torch.testing.assert_close(layer_out.keys[b][:, cached], layer_ref.keys[b][:, cached], rtol=0, atol=1e-10)
+            torch.testing.assert_close(
+                layer_out.values[b][:, cached], layer_ref.values[b][:, cached], rtol=0, atol=1e-10
+            )
+            assert (layer_out.keys[b][:, last] == 0).all()
+
+
+class RecordingModel(WeDLMForCausalLM):
+    """Records what each forward feeds and which logits it asks for."""
+
+    def forward(self, input_ids=None, position_ids=None, logits_to_keep=0, **kwargs):
+        self.calls.append((input_ids.clone(), position_ids.clone(), logits_to_keep))
+        return super().forward(input_ids=input_ids, position_ids=position_ids, logits_to_keep=logits_to_keep, **kwargs)
+
+
+def test_logits_only_for_the_verified_run_and_the_masks():
+    torch.manual_seed(3)
+    model = RecordingModel(tiny_config(qk_norm=False, attention_bias=True)).to(torch.float64).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50.0)
+    model.calls = []
+    prompt = torch.arange(10, 19)[None]
+    lossless(model, prompt, max_new_tokens=40, eos_token_id=None, wedlm_window_size=6, wedlm_entropy_threshold=0.6)
+
+    def kept(keep, width):  # logits_to_keep: an int keeps the last rows, a tensor names the rows
+        return keep.tolist() if isinstance(keep, torch.Tensor) else list(range(width - keep, width))
+
+    ids, _, keep = model.calls[0]
+    # First forward: the prompt, then masks; logits for the prompt's last row (AR's first token) and the masks only.
+    masks = int((ids[0] == MASK_ID).sum())
+    assert kept(keep, ids.shape[1]) == [prompt.shape[1] - 1] + list(range(prompt.shape[1], prompt.shape[1] + masks))
+    checked_a_gap = False
+    for ids, positions, keep in model.calls[1:]:
+        row, pos = ids[0].tolist(), positions[0].tolist()
+        n_masks = row.count(MASK_ID)
+        filled = len(row) - n_masks
+        run = 0  # the leading run: filled slots at consecutive positions right after the committed prefix
+        while run < filled and pos[run] == pos[0] + run:
+            run += 1
+        wanted = list(range(run)) + list(range(len(row) - n_masks, len(row)))
+        assert kept(keep, len(row)) == wanted
+        checked_a_gap |= run < filled  # filled slots after the run were fed but got no logits
+    assert checked_a_gap
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_shipped_model_every_family_equals_generate(shipped_model, batched):
+    from wedlm_hf.data import EVAL_TASK_SEED, FAMILIES, task_items
+
+    model, tokenizer = shipped_model
+    questions = [q for family in FAMILIES for q, _ in task_items(family, 3, EVAL_TASK_SEED)]
+    questions.append("def parse_header(line):\n    ")
+    tokenizer.padding_side = "left"
+    settings = dict(max_new_tokens=40, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    groups = [questions] if batched else [[q] for q in questions]
+    for group in groups:
+        batch = tokenizer(group, return_tensors="pt", padding=True)
+        ar = model.generate(**batch, do_sample=False, **settings)
+        out = model.generate(**batch, strategy="wedlm", wedlm_lossless=True, **settings)
+        assert torch.equal(out, ar), group
+
+
+class LastTokenIs(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_user_criteria_stop_like_generate(model64):
+    ids, mask = prompts(3)
+    free = model64.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, eos_token_id=None)
+    token = int(free[1, ids.shape[1] + 5])
+    criteria = StoppingCriteriaList([LastTokenIs(token)])
+    settings = dict(max_new_tokens=20, eos_token_id=EOS_ID, pad_token_id=EOS_ID, stopping_criteria=criteria)
+    ar = model64.generate(ids, attention_mask=mask, do_sample=False, **settings)
+    assert torch.equal(lossless(model64, ids, attention_mask=mask, wedlm_window_size=8, **settings), ar)

@@ -1,0 +1,87 @@
+"""Lossless sampling draws from plain AR sampling's distribution: a chi-square test on a tiny vocabulary.
+
+The exact AR distribution of the first three tokens (same temperature / top-k warpers as `generate`) is computed
+by enumerating every prefix; 20,000 lossless samples, drawn as one batch, must fit it. The same test rejects the
+default (not lossless) WeDLM sampler, whose fills follow the mask predictions instead: the test has the power to
+see a wrong acceptance rule.
+"""
+
+import itertools
+
+import pytest
+import torch
+from conftest import peaky, tiny_config
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+from wedlm_hf import WeDLMForCausalLM
+
+VOCAB, MASK = 5, 4
+PROMPT = [0, 1, 2, 3, 0]
+SAMPLES = 20_000
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab_model():
+    torch.manual_seed(11)
+    model = WeDLMForCausalLM(tiny_config(vocab_size=VOCAB, mask_token_id=MASK, pad_token_id=0, eos_token_id=None))
+    return peaky(model, scale=6.0).eval()
+
+
+def exact_ar_joint(model, warpers) -> dict[tuple, float]:
+    """P(t1, t2, t3 | prompt) under AR sampling with the warpers: one forward over every two-token prefix."""
+    prefixes = list(itertools.product(range(VOCAB), repeat=2))
+    ids = torch.tensor([PROMPT + list(p) for p in prefixes])
+    with torch.no_grad():
+        logits = model(ids).logits[:, -3:].float()
+    probs = [torch.softmax(warpers(ids, logits[:, i].clone()), dim=-1) for i in range(3)]
+    joint = {}
+    for k, (a, b) in enumerate(prefixes):
+        for c in range(VOCAB):
+            joint[(a, b, c)] = float(probs[0][k, a] * probs[1][k, b] * probs[2][k, c])
+    return joint
+
+
+def chi_square_p_value(counts: dict, expected: dict, total: int) -> float:
+    """Goodness of fit; cells expected under 5 counts are pooled into one."""
+    stat, cells, small_obs, small_exp = 0.0, 0, 0, 0.0
+    for cell, p in expected.items():
+        e, o = p * total, counts.get(cell, 0)
+        if e < 5:
+            small_obs, small_exp = small_obs + o, small_exp + e
+            continue
+        stat += (o - e) ** 2 / e
+        cells += 1
+    if small_exp > 0:
+        stat += (small_obs - small_exp) ** 2 / small_exp
+        cells += 1
+    dof = torch.tensor((cells - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def sample_counts(model, **kwargs) -> dict:
+    torch.manual_seed(0)
+    ids = torch.tensor([PROMPT]).repeat(SAMPLES, 1)
+    out = model.generate(ids, strategy="wedlm", max_new_tokens=3, do_sample=True, eos_token_id=None, **kwargs)
+    counts = {}
+    for row in out[:, len(PROMPT) :].tolist():
+        counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(wedlm_window_size=3, wedlm_entropy_threshold=1e9, temperature=1.0),  # every mask drafted at once
+        dict(wedlm_window_size=3, wedlm_entropy_threshold=None, temperature=0.8, top_k=4),  # one fill a step
+    ],
+)
+def test_lossless_sampling_matches_ar_sampling(tiny_vocab_model, settings):
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(settings["temperature"])])
+    if "top_k" in settings:
+        warpers.append(TopKLogitsWarper(settings["top_k"]))
+    expected = exact_ar_joint(tiny_vocab_model, warpers)
+    lossless = sample_counts(tiny_vocab_model, wedlm_lossless=True, **settings)
+    assert chi_square_p_value(lossless, expected, SAMPLES) > 1e-3
+    # Power: without verification the fills follow the mask predictions, a different distribution.
+    default = sample_counts(tiny_vocab_model, **settings)
+    assert chi_square_p_value(default, expected, SAMPLES) < 1e-6
