@@ -1,0 +1,98 @@
+"""`wedlm_lossless` wherever decoding runs: generation_config.json, remote code, custom_generate, the pipeline."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+from conftest import EOS_ID, MASK_ID, build_model, peaky, prompts, tiny_config
+from transformers import Qwen3Config, Qwen3ForCausalLM, pipeline
+
+from wedlm_hf import WeDLMForCausalLM
+from wedlm_hf.hub.custom_generate import export_custom_generate
+
+SETTINGS = dict(max_new_tokens=14, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+
+# A fresh interpreter in which `import wedlm_hf` fails: only the exported remote code can decode.
+REMOTE = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "wedlm_hf" or name.startswith("wedlm_hf."):
+                raise ImportError("wedlm_hf is not installed here")
+
+    sys.meta_path.insert(0, Block())
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder, request = sys.argv[1], json.loads(sys.argv[2])
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float64)
+    ids, mask = torch.tensor(request["ids"]), torch.tensor(request["mask"])
+    out = model.generate(ids, attention_mask=mask, strategy="wedlm", **request["settings"])
+    print("RESULT " + json.dumps(out.tolist()))
+    """
+)
+
+
+def test_generation_config_turns_it_on_and_survives_save(tmp_path):
+    model = build_model()
+    ids, mask = prompts(2)
+    ar = model.generate(ids, attention_mask=mask, do_sample=False, **SETTINGS)
+    model.generation_config.strategy = "wedlm"
+    model.generation_config.wedlm_lossless = True
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "generation_config.json").read_text())["wedlm_lossless"] is True
+    reloaded = WeDLMForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    out = reloaded.generate(ids, attention_mask=mask, return_dict_in_generate=True, **SETTINGS)
+    assert torch.equal(out.sequences, ar) and sum(s.accepted_drafts + s.rejected_drafts for s in out.wedlm_stats)
+
+
+def test_remote_code_without_the_package(tmp_path):
+    model = build_model()
+    model.save_pretrained(tmp_path / "ckpt")
+    ids, mask = prompts(2)
+    request = {"ids": ids.tolist(), "mask": mask.tolist(), "settings": {**SETTINGS, "wedlm_lossless": True}}
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", REMOTE, str(tmp_path / "ckpt"), json.dumps(request)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = json.loads(result.stdout.split("RESULT ", 1)[1])
+    assert remote == model.generate(ids, attention_mask=mask, do_sample=False, **SETTINGS).tolist()
+
+
+def test_custom_generate_on_a_stock_qwen3(tmp_path):
+    folder = export_custom_generate(tmp_path / "wedlm-decoding")
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    config = {k: v for k, v in tiny_config().to_dict().items() if k in keys + ("vocab_size", "head_dim")}
+    torch.manual_seed(0)
+    stock = peaky(Qwen3ForCausalLM(Qwen3Config(**config))).to(torch.float64).eval()
+    ids, mask = prompts(2)
+    out = stock.generate(
+        ids,
+        attention_mask=mask,
+        custom_generate=str(folder),
+        trust_remote_code=True,
+        mask_token_id=MASK_ID,
+        wedlm_lossless=True,
+        **SETTINGS,
+    )
+    assert torch.equal(out, stock.generate(ids, attention_mask=mask, do_sample=False, **SETTINGS))
+
+
+def test_pipeline(tmp_path, char_tokenizer):
+    model = build_model(dtype=torch.float32)
+    model.save_pretrained(tmp_path, tokenizer=char_tokenizer)
+    pipe = pipeline("text-generation", model=str(tmp_path), trust_remote_code=True)
+    options = dict(max_new_tokens=12, eos_token_id=None, do_sample=False, return_full_text=False)
+    lossless = pipe("hello", strategy="wedlm", wedlm_lossless=True, **options)[0]["generated_text"]
+    assert lossless == pipe("hello", **options)[0]["generated_text"]
