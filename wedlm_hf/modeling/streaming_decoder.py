@@ -95,6 +95,7 @@ class DecodingRow:
     finish_reason: str | None = None  # "stop" (a stop token), "length", or what the caller passed to `finish`
     kv: list | None = None  # the finished row's cache, kept only when the decoder was asked to
     prefilled: bool = False
+    draft_window: int = 1 << 30  # lossless mode: the window W adapts to how many drafts get accepted
 
     @property
     def committed(self) -> int:
@@ -114,7 +115,11 @@ class DecodingRow:
         if any(slot is not None and slot.token in stop_ids for slot in self.window):
             return
         room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
-        wanted = self.settings.window_size + self.leading_run() - len(self.window)
+        size = self.settings.window_size
+        if self.settings.lossless:  # drafts past the adapted window are dropped: the output does not depend on them
+            size = min(size, self.draft_window)
+            del self.window[size + self.leading_run() :]
+        wanted = size + self.leading_run() - len(self.window)
         self.window.extend([None] * max(0, min(wanted, room)))
 
     def commit(self, count: int) -> int:
@@ -294,6 +299,10 @@ class StreamingDecoder:
                     break
             else:
                 replacement = ar.own_token(run - first)
+        checked = accepted - first + rejected
+        if checked:
+            current = min(row.draft_window, settings.window_size)
+            row.draft_window = max(1, current // 2) if rejected else min(settings.window_size, current * 2)
         kept = row.commit(accepted)
         if row.done or ends or replacement is None:
             return kept
