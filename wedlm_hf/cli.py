@@ -117,7 +117,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or action.required:
+        unstated = action.default is None or action.default is False or action.default is argparse.SUPPRESS
+        if "default" in text or unstated or action.required:
             return text
         return super()._get_help_string(action)
 
