@@ -132,7 +132,7 @@ def test_prompt_longer_than_the_context_names_the_users_values(capsys, tmp_path,
     assert_one_line_error(err, "generate", "500 tokens", "--max-new-tokens is 20", "512 positions", "(to 12 at most)")
     status, _, err = run_console(capsys, "generate", "x" * 600, "--model", str(tmp_path))
     assert status == 1
-    assert_one_line_error(err, "generate", "600 tokens, more than the model's 512 positions")
+    assert_one_line_error(err, "generate", "600 tokens and the model has 512 positions")
 
 
 def test_errors_raised_by_a_command_are_one_line_and_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):

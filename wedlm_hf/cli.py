@@ -160,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen = command("generate", "stream a completion with WeDLM decoding, then compare with plain AR")
     gen.add_argument("prompt", type=prompt_text, help="the text to continue (not empty)")
     gen.add_argument(
-        "--model", type=existing_folder, default=None, help="checkpoint folder (default: the shipped model)"
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: the shipped model)",
     )
     gen.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most")
     gen.add_argument("--no-compare", action="store_true", help="skip the plain AR run")
@@ -168,7 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "AR generate vs WeDLM vs the no-cache block-wise baseline, one process")
     bench.add_argument(
-        "--model", type=existing_folder, default=None, help="checkpoint folder (default: a seeded random 16M model)"
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: a seeded random 16M model)",
     )
     bench.add_argument("--new-tokens", type=positive_int, default=256, help="tokens per run")
     bench.add_argument(
@@ -196,11 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     start = tr.add_mutually_exclusive_group(required=True)
     start.add_argument(
-        "--model", type=existing_folder, help="a WeDLM checkpoint folder to continue from (`convert`); or --config"
+        "--model",
+        type=existing_folder,
+        metavar="DIR",
+        help="a WeDLM checkpoint folder to continue from (`convert`); or --config",
     )
     start.add_argument("--config", type=existing_file, help="a WeDLM config JSON, to train from scratch; or --model")
     tr.add_argument(
-        "--tokenizer", type=existing_folder, default=None, help="tokenizer folder (default: the --model folder)"
+        "--tokenizer",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="tokenizer folder (default: the --model folder)",
     )
     tr.add_argument("--seq-len", type=positive_int, default=128, help="tokens per training sample")
     tr.add_argument("--block-size", type=positive_int, default=32, help="dual-stream masking block size")
@@ -219,7 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = command("evaluate", "held-out quality and speed of WeDLM vs AR decoding (JSON for model cards)")
     ev.add_argument(
-        "--model", type=existing_folder, default=None, help="checkpoint folder (default: the shipped model)"
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: the shipped model)",
     )
     ev.add_argument("--items", type=positive_int, default=100, help="held-out items per task family")
     ev.add_argument("--code-items", type=non_negative_int, default=40, help="held-out code continuation prompts")

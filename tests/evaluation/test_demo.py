@@ -11,6 +11,8 @@ def test_empty_and_over_long_prompts_are_refused_with_the_users_values():
         check_prompt(0, 16, 1024)
     with pytest.raises(ValueError, match="1000 tokens and --max-new-tokens is 128.*1024 positions.*24 at most"):
         check_prompt(1000, 128, 1024)
-    with pytest.raises(ValueError, match="2000 tokens, more than the model's 1024 positions"):
+    with pytest.raises(ValueError, match="2000 tokens and the model has 1024 positions"):
         check_prompt(2000, 1, 1024)
+    with pytest.raises(ValueError, match="1024 tokens and the model has 1024 positions"):
+        check_prompt(1024, 1, 1024)
     check_prompt(1000, 24, 1024)  # exactly fits

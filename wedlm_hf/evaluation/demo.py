@@ -14,13 +14,16 @@ def check_prompt(prompt_tokens: int, max_new_tokens: int, context: int) -> None:
     """Refuses, before any decoding, what the user can fix: an empty prompt, or more tokens than the context."""
     if prompt_tokens == 0:
         raise ValueError('The prompt is empty: give the text to continue, e.g. wedlm-hf generate "def fibonacci(n):".')
+    if prompt_tokens >= context:
+        raise ValueError(
+            f"The prompt is {prompt_tokens} tokens and the model has {context} positions: shorten the prompt to leave "
+            "room for new tokens."
+        )
     if prompt_tokens + max_new_tokens > context:
         raise ValueError(
             f"The prompt is {prompt_tokens} tokens and --max-new-tokens is {max_new_tokens}: together more than the "
             f"model's {context} positions; shorten the prompt or lower --max-new-tokens "
             f"(to {context - prompt_tokens} at most)."
-            if prompt_tokens < context
-            else f"The prompt is {prompt_tokens} tokens, more than the model's {context} positions: shorten it."
         )
 
 
