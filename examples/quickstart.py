@@ -18,7 +18,7 @@ out = model.generate(
     **inputs,
     strategy="wedlm",
     max_new_tokens=48,
-    streamer=TextStreamer(tokenizer, skip_prompt=True),
+    streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
     return_dict_in_generate=True,
 )
 print(out.wedlm_stats[0])
@@ -40,4 +40,4 @@ for prompt, seq, stats in zip(prompts, out.sequences, out.wedlm_stats):
     print(f"{prompt!r} -> {text!r}  ({stats.tokens_per_forward:.2f} tokens/forward)")
 
 # Plain generate() is ordinary autoregressive decoding.
-print(tokenizer.decode(model.generate(**inputs, max_new_tokens=24, do_sample=False)[0]))
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=24, do_sample=False)[0], skip_special_tokens=True))

@@ -19,4 +19,4 @@ wedlm-hf ship-default "$out/run3/final"
 wedlm-hf evaluate --items 100 --code-items 40 --output wedlm_hf/default_model/eval_results.json
 wedlm-hf card wedlm_hf/default_model model_cards/wedlm-tiny-stdlib/README.md --repo-id wedlm-hf/wedlm-tiny-stdlib \
   --recipe examples/train_default_model.sh \
-  --summary "A small WeDLM model trained from scratch on CPU, offline, on Python's standard library source and generated low-entropy tasks. It is the default model of wedlm-hf: small enough to ship inside the package, trained enough to show parallel decoding at work."
+  --summary "A small WeDLM model trained from scratch, offline, on Python's standard library source and generated low-entropy tasks. It is the default model of wedlm-hf: small enough to ship inside the package, trained enough to show parallel decoding at work."

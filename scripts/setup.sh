@@ -1,17 +1,32 @@
 #!/usr/bin/env bash
-# Creates .venv with everything wedlm-hf needs. Idempotent: a second run only checks.
+# Creates .venv with everything wedlm-hf needs. Idempotent: a second run only checks, and installs again only when
+# pyproject.toml, scripts/constraints.txt or this script changed, or the packages are no longer importable.
 # Without an NVIDIA GPU it installs the CPU build of torch (an unpinned torch would pull a multi-GB CUDA build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+STAMP=.venv/.wedlm-hf-setup  # what the last complete install was made from
+wanted="$(cat pyproject.toml scripts/constraints.txt scripts/setup.sh | cksum) $(pwd)"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+installed() { .venv/bin/python -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, sys.argv[1:])))" "$@" 2>/dev/null; }
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$wanted" ] && installed torch transformers wedlm_hf pytest; then
+  echo "setup: .venv is up to date (nothing to install)"
+  exit 0
+fi
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+if ! installed torch; then
   if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "setup: installing torch 2.13.0"
     pip install "torch==2.13.0"
   else
+    echo "setup: installing torch 2.13.0 (CPU build)"
     pip install --index-url https://download.pytorch.org/whl/cpu --timeout 15 --retries 0 "torch==2.13.0" 2>/dev/null \
       || pip install "torch==2.13.0"
   fi
 fi
+echo "setup: installing wedlm-hf (editable) with the test extra, pinned by scripts/constraints.txt"
 pip install -c scripts/constraints.txt -e ".[test]"
+echo "$wanted" > "$STAMP"

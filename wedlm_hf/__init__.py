@@ -2,7 +2,9 @@
 
 Importing the package registers `WeDLMConfig` / `WeDLMForCausalLM` with the Auto classes (model_type "wedlm") and
 marks them for remote code, so `save_pretrained` writes a checkpoint that loads with `trust_remote_code=True`
-where this package is not installed.
+where this package is not installed. The import itself is light: the names below load on first use, and the
+registration happens once transformers is imported too (`auto_registration`), so `wedlm-hf --help` needs neither
+torch nor transformers.
 
 The package is a core and wings around it:
 
@@ -16,44 +18,44 @@ The package is a core and wings around it:
 Wings import the core, never the reverse.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+import importlib
 
-from . import hub  # noqa: F401  (attaches WeDLMForCausalLM.push_to_hub)
-from .data import default_model_path
-from .modeling import (
-    STRATEGIES,
-    WEDLM_GENERATION_DEFAULTS,
-    WeDLMCausalLMOutput,
-    WeDLMConfig,
-    WeDLMForCausalLM,
-    WeDLMGenerateOutput,
-    WeDLMModel,
-    WeDLMPreTrainedModel,
-    WeDLMStats,
-    generate_wedlm,
-)
-from .training import DualStreamCollator
-
-AutoConfig.register("wedlm", WeDLMConfig, exist_ok=True)
-AutoModel.register(WeDLMConfig, WeDLMModel, exist_ok=True)
-AutoModelForCausalLM.register(WeDLMConfig, WeDLMForCausalLM, exist_ok=True)
-WeDLMConfig.register_for_auto_class()
-WeDLMModel.register_for_auto_class("AutoModel")
-WeDLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+from .auto_registration import register_when_transformers_is_imported
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DualStreamCollator",
-    "STRATEGIES",
-    "WEDLM_GENERATION_DEFAULTS",
-    "WeDLMCausalLMOutput",
-    "WeDLMConfig",
-    "WeDLMForCausalLM",
-    "WeDLMGenerateOutput",
-    "WeDLMModel",
-    "WeDLMPreTrainedModel",
-    "WeDLMStats",
-    "default_model_path",
-    "generate_wedlm",
-]
+# Public name -> the subpackage that defines it; imported on first access (PEP 562).
+_EXPORTS = {
+    "DualStreamCollator": "training",
+    "STRATEGIES": "modeling",
+    "WEDLM_GENERATION_DEFAULTS": "modeling",
+    "WeDLMCausalLMOutput": "modeling",
+    "WeDLMConfig": "modeling",
+    "WeDLMForCausalLM": "modeling",
+    "WeDLMGenerateOutput": "modeling",
+    "WeDLMModel": "modeling",
+    "WeDLMPreTrainedModel": "modeling",
+    "WeDLMStats": "modeling",
+    "default_model_path": "data",
+    "generate_wedlm": "modeling",
+}
+_SUBPACKAGES = ("modeling", "training", "data", "hub", "evaluation")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBPACKAGES))
+
+
+register_when_transformers_is_imported()

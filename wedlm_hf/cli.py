@@ -1,24 +1,21 @@
-"""The `wedlm-hf` command: argument parsing and dispatch only; each sub-command's work lives in its wing."""
+"""The `wedlm-hf` command: argument parsing and dispatch only; each sub-command's work lives in its wing.
+
+Parsing imports neither torch nor transformers, so `--help` answers at once; a sub-command's module is imported
+only when that command runs.
+
+Error policy (`console`, the installed `wedlm-hf` script): a mistake in what the user typed or pointed at
+(ValueError, OSError such as FileNotFoundError, an argparse error) is ONE line on stderr,
+`wedlm-hf CMD: error: what is wrong and what to do`, and exit status 2 (arguments) or 1 (everything else); Ctrl-C
+is `wedlm-hf CMD: interrupted` and status 130. Any other exception is a bug and keeps its traceback. `--debug` (or
+WEDLM_HF_DEBUG=1) shows the traceback of every error. `main(argv)`, for Python callers and tests, raises as usual.
+"""
 
 import argparse
 import importlib
+import os
 import sys
 
-
-def _threshold(value: str) -> float | None:
-    return None if value.lower() == "none" else float(value)
-
-
-def _add_decoding_args(parser: argparse.ArgumentParser, threshold: float = 0.4) -> None:
-    parser.add_argument("--window-size", type=int, default=16, help="W: uncommitted slots in the window (16)")
-    parser.add_argument(
-        "--threshold",
-        type=_threshold,
-        default=threshold,
-        help=f"tau: entropy threshold in nats, or 'none' for one token per forward ({threshold:g})",
-    )
-    parser.add_argument("--penalty", type=float, default=0.02, help="lambda: distance penalty per slot (0.02)")
-
+DEBUG_ENV = "WEDLM_HF_DEBUG"
 
 # Each sub-command's work lives in its wing; the module is imported only when its command runs.
 COMMANDS = {
@@ -36,108 +33,313 @@ COMMANDS = {
 }
 
 
+# Argument types: the function name never reaches the user, the ArgumentTypeError message does.
+
+
+def positive_int(value: str) -> int:
+    number = _number(int, value, "a whole number")
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number (1 or more)")
+    return number
+
+
+def non_negative_int(value: str) -> int:
+    number = _number(int, value, "a whole number")
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is negative: give 0 or more")
+    return number
+
+
+def non_negative_float(value: str) -> float:
+    number = _number(float, value, "a number")
+    if not number >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number >= 0")
+    return number
+
+
+def threshold(value: str) -> float | None:
+    """tau in nats, or 'none' (one token per forward)."""
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return non_negative_float(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a number >= 0 nor 'none'") from None
+
+
+def _number(kind, value: str, what: str):
+    try:
+        return kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
+
+
+def existing_folder(value: str) -> str:
+    """A local folder that exists (checkpoints, tokenizers, export folders)."""
+    path = os.path.expanduser(value)
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path):
+        raise argparse.ArgumentTypeError(f"{value} is a file, not a folder: give the folder that holds it")
+    raise argparse.ArgumentTypeError(
+        f"no folder {value}: give an existing local folder (download Hub models first with "
+        "`hf download ORG/NAME --local-dir DIR`)"
+    )
+
+
+def existing_file(value: str) -> str:
+    path = os.path.expanduser(value)
+    if os.path.isfile(path):
+        return path
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{value} is a folder, not a file")
+    raise argparse.ArgumentTypeError(f"no file {value}")
+
+
+def training_data(value: str) -> str:
+    """'offline-mix' or an existing .txt / .jsonl file."""
+    if value == "offline-mix":
+        return value
+    path = existing_file(value)
+    if not path.endswith((".txt", ".jsonl")):
+        raise argparse.ArgumentTypeError(f"{value}: give .txt or .jsonl files, or 'offline-mix'")
+    return path
+
+
+def prompt_text(value: str) -> str:
+    if not value:
+        raise argparse.ArgumentTypeError('the prompt is empty: give the text to continue, e.g. "def fibonacci(n):"')
+    return value
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to every option, except where the help text already says what happens by default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        unstated = action.default is None or action.default is False or action.default is argparse.SUPPRESS
+        if "default" in text or unstated or action.required:
+            return text
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse errors as one line that points at --help, instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _add_decoding_args(parser: argparse.ArgumentParser, tau: float = 0.4) -> None:
+    parser.add_argument("--window-size", type=positive_int, default=16, help="W: uncommitted slots in the window")
+    parser.add_argument(
+        "--threshold",
+        type=threshold,
+        default=tau,
+        help="tau: entropy threshold in nats, or 'none' for one token per forward",
+    )
+    parser.add_argument("--penalty", type=non_negative_float, default=0.02, help="lambda: distance penalty per slot")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="wedlm-hf",
+        description="WeDLM streaming parallel decoding for transformers",
+        epilog=f"Errors are one line; --debug (or {DEBUG_ENV}=1) shows their traceback.",
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of any error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
+        # SUPPRESS: the sub-command leaves `args.debug` as the main parser set it unless --debug comes after it.
+        cmd.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show error tracebacks")
+        return cmd
+
+    gen = command("generate", "stream a completion with WeDLM decoding, then compare with plain AR")
+    gen.add_argument("prompt", type=prompt_text, help="the text to continue (not empty)")
+    gen.add_argument(
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: the shipped model)",
+    )
+    gen.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most")
+    gen.add_argument("--no-compare", action="store_true", help="skip the plain AR run")
+    _add_decoding_args(gen)
+
+    bench = command("bench", "AR generate vs WeDLM vs the no-cache block-wise baseline, one process")
+    bench.add_argument(
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: a seeded random 16M model)",
+    )
+    bench.add_argument("--new-tokens", type=positive_int, default=256, help="tokens per run")
+    bench.add_argument(
+        "--long-tokens", type=non_negative_int, default=1024, help="length of the block-wise comparison (0: skip)"
+    )
+    bench.add_argument("--batch", type=positive_int, default=4, help="prompts in the batched run")
+    bench.add_argument("--repeats", type=positive_int, default=3, help="timed runs per row (the median is shown)")
+    bench.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    bench.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
+    bench.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights and activations"
+    )
+    bench.add_argument("--json", default=None, help="also write the measurements to this file (default: none)")
+    _add_decoding_args(bench, tau=1e9)  # accept every mask: measures the mechanics, not a model
+
+    tok = command("train-tokenizer", "train the byte-level BPE tokenizer of the shipped model")
+    tok.add_argument("--data", default="offline-mix", choices=("offline-mix",), help="the tokenizer's corpus")
+    tok.add_argument("--vocab-size", type=positive_int, default=4096, help="tokens in the vocabulary")
+    tok.add_argument("--output", required=True, help="folder to save the tokenizer to")
+
+    tr = command("train", "dual-stream WeDLM training with transformers.Trainer")
+    tr.add_argument("--output-dir", required=True, help="checkpoints and the final model go here")
+    tr.add_argument(
+        "--data", nargs="+", type=training_data, required=True, help="'offline-mix', or .txt / .jsonl files"
+    )
+    start = tr.add_mutually_exclusive_group(required=True)
+    start.add_argument(
+        "--model",
+        type=existing_folder,
+        metavar="DIR",
+        help="a WeDLM checkpoint folder to continue from (`convert`); or --config",
+    )
+    start.add_argument("--config", type=existing_file, help="a WeDLM config JSON, to train from scratch; or --model")
+    tr.add_argument(
+        "--tokenizer",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="tokenizer folder (default: the --model folder)",
+    )
+    tr.add_argument("--seq-len", type=positive_int, default=128, help="tokens per training sample")
+    tr.add_argument("--block-size", type=positive_int, default=32, help="dual-stream masking block size")
+    tr.add_argument("--batch-size", type=positive_int, default=8, help="samples per device and step")
+    tr.add_argument("--grad-accum", type=positive_int, default=1, help="gradient accumulation steps")
+    tr.add_argument("--max-steps", type=positive_int, default=1000, help="optimizer steps")
+    tr.add_argument("--lr", type=non_negative_float, default=3e-6, help="peak learning rate (AdamW, cosine)")
+    tr.add_argument("--warmup-ratio", type=non_negative_float, default=0.1, help="share of steps spent warming up")
+    tr.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="AdamW weight decay")
+    tr.add_argument("--logging-steps", type=positive_int, default=10, help="steps between log lines")
+    tr.add_argument("--save-steps", type=positive_int, default=200, help="steps between checkpoints")
+    tr.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and masking")
+    tr.add_argument("--items-per-family", type=positive_int, default=20000, help="task items per family in offline-mix")
+    tr.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
+    tr.add_argument("--attn-implementation", default="sdpa", choices=("sdpa", "eager"), help="attention kernel")
+
+    ev = command("evaluate", "held-out quality and speed of WeDLM vs AR decoding (JSON for model cards)")
+    ev.add_argument(
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: the shipped model)",
+    )
+    ev.add_argument("--items", type=positive_int, default=100, help="held-out items per task family")
+    ev.add_argument("--code-items", type=non_negative_int, default=40, help="held-out code continuation prompts")
+    ev.add_argument(
+        "--train-items-per-family", type=positive_int, default=20000, help="as trained, to exclude seen prompts"
+    )
+    ev.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    ev.add_argument("--output", default=None, help="write the results as JSON (default: print only)")
+    _add_decoding_args(ev)
+
+    conv = command("convert", "turn a local AR checkpoint (Qwen2, Qwen3, Llama) into a WeDLM checkpoint")
+    conv.add_argument("source", type=existing_folder, help="the AR checkpoint folder")
+    conv.add_argument("destination", help="folder to write the WeDLM checkpoint to")
+    conv.add_argument("--mask-token", default="<|mask|>", help="added to the tokenizer when it has no mask token")
+
+    exp = command("export", "a Hub-ready folder (remote code, card) from a WeDLM checkpoint")
+    exp.add_argument("source", type=existing_folder, help="the WeDLM checkpoint folder")
+    exp.add_argument("destination", help="folder to write the Hub-ready copy to")
+    exp.add_argument(
+        "--mask-token-id", type=non_negative_int, default=None, help="when the config gives none (default: from it)"
+    )
+    exp.add_argument("--repo-id", default=None, help="Hub name used in the card's usage example (default: none)")
+    exp.add_argument("--base-model", default=None, help="base_model in the card metadata (default: none)")
+    exp.add_argument("--summary", default=None, help="one paragraph for the card (default: a generic one)")
+    exp.add_argument(
+        "--recipe",
+        type=existing_file,
+        default=None,
+        help="a script the card quotes as the training command (default: none)",
+    )
+
+    card = command("card", "render a model card from a checkpoint's training and evaluation records")
+    card.add_argument(
+        "model",
+        type=existing_folder,
+        help="checkpoint folder (generation_config.json, training_info.json, eval_results.json)",
+    )
+    card.add_argument("output", help="README.md to write")
+    card.add_argument("--repo-id", required=True, help="Hub name used in the usage example")
+    card.add_argument("--summary", default="A WeDLM model packaged by wedlm-hf.", help="one paragraph for the card")
+    card.add_argument(
+        "--recipe",
+        type=existing_file,
+        default=None,
+        help="a script the card quotes as the training command (default: none)",
+    )
+    card.add_argument("--base-model", default=None, help="base_model in the card metadata (default: none)")
+
+    ship = command("ship-default", "copy a trained checkpoint into the package as the shipped model")
+    ship.add_argument("source", type=existing_folder, help="the `final` folder of a `wedlm-hf train` run")
+
+    push = command("push", "upload an export folder to the Hugging Face Hub")
+    push.add_argument("folder", type=existing_folder, help="a folder written by `wedlm-hf export`")
+    push.add_argument("repo", help="NAME or ORG/NAME")
+    push.add_argument("--token", default=None, help="default: HF_TOKEN or the `hf auth login` token")
+    push.add_argument("--private", action="store_true", help="create the repository as private")
+
+    cg = command("custom-generate", "write the decoding strategy as a Hub custom_generate repository")
+    cg.add_argument("destination", help="folder to write the repository to")
+    cg.add_argument("--repo-id", default="wedlm-hf/wedlm-decoding", help="Hub name used in its README")
+    return parser
+
+
 def _run(command: str, args) -> None:
     module, function = COMMANDS[command].split(":")
     getattr(importlib.import_module(f"{__package__}.{module}"), function)(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="wedlm-hf", description="WeDLM streaming parallel decoding for transformers")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    gen = sub.add_parser("generate", help="stream a completion with WeDLM decoding, then compare with plain AR")
-    gen.add_argument("prompt")
-    gen.add_argument("--model", default=None, help="checkpoint folder (default: the model shipped in the package)")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--no-compare", action="store_true", help="skip the plain AR run")
-    _add_decoding_args(gen)
-
-    bench = sub.add_parser("bench", help="AR generate vs WeDLM vs the no-cache block-wise baseline, one process")
-    bench.add_argument("--model", default=None, help="checkpoint folder (default: a seeded random 16M model)")
-    bench.add_argument("--new-tokens", type=int, default=256)
-    bench.add_argument("--long-tokens", type=int, default=1024, help="length of the block-wise comparison (0: skip)")
-    bench.add_argument("--batch", type=int, default=4)
-    bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--threads", type=int, default=2)
-    bench.add_argument("--json", default=None, help="also write the measurements to this file")
-    _add_decoding_args(bench, threshold=1e9)  # accept every mask: measures the mechanics, not a model
-
-    tok = sub.add_parser("train-tokenizer", help="train the byte-level BPE tokenizer of the shipped model")
-    tok.add_argument("--data", default="offline-mix")
-    tok.add_argument("--vocab-size", type=int, default=4096)
-    tok.add_argument("--output", required=True)
-
-    tr = sub.add_parser("train", help="dual-stream WeDLM training with transformers.Trainer")
-    tr.add_argument("--output-dir", required=True)
-    tr.add_argument("--data", nargs="+", required=True, help="'offline-mix', or .txt / .jsonl files")
-    tr.add_argument("--model", default=None, help="a WeDLM checkpoint to continue from (see `convert`)")
-    tr.add_argument("--config", default=None, help="a WeDLM config JSON, to train from scratch")
-    tr.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the --model folder)")
-    tr.add_argument("--seq-len", type=int, default=128)
-    tr.add_argument("--block-size", type=int, default=32)
-    tr.add_argument("--batch-size", type=int, default=8)
-    tr.add_argument("--grad-accum", type=int, default=1)
-    tr.add_argument("--max-steps", type=int, default=1000)
-    tr.add_argument("--lr", type=float, default=3e-6)
-    tr.add_argument("--warmup-ratio", type=float, default=0.1)
-    tr.add_argument("--weight-decay", type=float, default=0.0)
-    tr.add_argument("--logging-steps", type=int, default=10)
-    tr.add_argument("--save-steps", type=int, default=200)
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--items-per-family", type=int, default=20000, help="task items per family in offline-mix")
-    tr.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
-    tr.add_argument("--attn-implementation", default="sdpa", choices=("sdpa", "eager"))
-
-    ev = sub.add_parser("evaluate", help="held-out quality and speed of WeDLM vs AR decoding (JSON for model cards)")
-    ev.add_argument("--model", default=None, help="checkpoint folder (default: the model shipped in the package)")
-    ev.add_argument("--items", type=int, default=100, help="held-out items per task family")
-    ev.add_argument("--code-items", type=int, default=40, help="held-out code continuation prompts")
-    ev.add_argument("--train-items-per-family", type=int, default=20000, help="as trained, to exclude seen prompts")
-    ev.add_argument("--threads", type=int, default=2)
-    ev.add_argument("--output", default=None, help="write the results as JSON")
-    _add_decoding_args(ev)
-
-    conv = sub.add_parser("convert", help="turn a local AR checkpoint (Qwen2, Qwen3, Llama) into a WeDLM checkpoint")
-    conv.add_argument("source")
-    conv.add_argument("destination")
-    conv.add_argument("--mask-token", default="<|mask|>", help="added to the tokenizer when it has no mask token")
-
-    exp = sub.add_parser("export", help="a Hub-ready folder (remote code, card) from a WeDLM checkpoint")
-    exp.add_argument("source")
-    exp.add_argument("destination")
-    exp.add_argument("--mask-token-id", type=int, default=None, help="when the config gives none")
-    exp.add_argument("--repo-id", default=None, help="Hub name used in the card's usage example")
-    exp.add_argument("--base-model", default=None, help="base_model in the card metadata")
-    exp.add_argument("--summary", default=None, help="one paragraph for the card")
-    exp.add_argument("--recipe", default=None, help="a script whose text the card quotes as the training command")
-
-    card = sub.add_parser("card", help="render a model card from a checkpoint's training and evaluation records")
-    card.add_argument("model", help="checkpoint folder (generation_config.json, training_info.json, eval_results.json)")
-    card.add_argument("output", help="README.md to write")
-    card.add_argument("--repo-id", required=True, help="Hub name used in the usage example")
-    card.add_argument("--summary", default="A WeDLM model packaged by wedlm-hf.")
-    card.add_argument("--recipe", default=None, help="a script whose text the card quotes as the training command")
-    card.add_argument("--base-model", default=None)
-
-    ship = sub.add_parser("ship-default", help="copy a trained checkpoint into the package as the shipped model")
-    ship.add_argument("source", help="the `final` folder of a `wedlm-hf train` run")
-
-    push = sub.add_parser("push", help="upload an export folder to the Hugging Face Hub")
-    push.add_argument("folder")
-    push.add_argument("repo", help="NAME or ORG/NAME")
-    push.add_argument("--token", default=None, help="default: HF_TOKEN or the `hf auth login` token")
-    push.add_argument("--private", action="store_true")
-
-    cg = sub.add_parser("custom-generate", help="write the decoding strategy as a Hub custom_generate repository")
-    cg.add_argument("destination")
-    cg.add_argument("--repo-id", default="wedlm-hf/wedlm-decoding", help="Hub name used in its README")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> None:
+    """Parses `argv` and runs the command; errors raise (the `console` script turns them into one line)."""
     args = build_parser().parse_args(argv)
     _run(args.command, args)
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def console(argv: list[str] | None = None) -> int:
+    """The installed `wedlm-hf` script: `main` with the error policy of this module's docstring."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    prog = f"wedlm-hf {args.command}"
+    if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        _run(args.command, args)
+        return 0
+    try:
+        _run(args.command, args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as error:
+        print(f"{prog}: error: {_one_line(error)}", file=sys.stderr)
+        return 1
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):  # a wing's `raise SystemExit("message")`
+            print(f"{prog}: error: {_one_line(exit_)}", file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(console())

@@ -1,10 +1,11 @@
 """The benchmark entry point runs all three decoders side by side and reports consistent counts (no timing asserts)."""
 
+import pytest
 import torch
 from conftest import build_model
 
 from wedlm_hf.cli import build_parser
-from wedlm_hf.evaluation.benchmark import run_benchmark
+from wedlm_hf.evaluation.benchmark import load_bench_model, run_benchmark
 from wedlm_hf.evaluation.blockwise_baseline import blockwise_generate
 
 
@@ -48,3 +49,30 @@ def test_blockwise_baseline_equals_streaming_when_every_mask_is_accepted():
 def test_bench_command_parses():
     args = build_parser().parse_args(["bench", "--new-tokens", "8", "--long-tokens", "0"])
     assert args.threshold == 1e9 and args.new_tokens == 8
+
+
+def test_bench_header_counts_in_words(capsys):
+    lines = []
+    run_benchmark(
+        model=build_model(dtype=torch.float32),
+        new_tokens=4,
+        long_tokens=0,
+        batch=1,
+        repeats=1,
+        threads=1,
+        log=lines.append,
+    )
+    assert "cpu, float32, 1 thread;" in lines[0] and "median of 1 run" in lines[0]
+    assert "1 threads" not in lines[0] and "1 runs" not in lines[0]
+
+
+def test_bench_model_device_and_dtype():
+    args = build_parser().parse_args(["bench", "--device", "cpu", "--dtype", "bfloat16"])
+    model = load_bench_model(None, args.device, args.dtype)
+    assert model.dtype == torch.bfloat16 and model.device.type == "cpu"
+    assert build_parser().parse_args(["bench"]).device == "cpu"
+    with pytest.raises(ValueError, match="--device gpu: not a torch device; use cpu, cuda or cuda:N"):
+        load_bench_model(None, "gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--device cuda: torch sees no CUDA device"):
+            load_bench_model(None, "cuda")

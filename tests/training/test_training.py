@@ -191,3 +191,4 @@ def test_two_processes_under_accelerate_launch(setup_dir, tmp_path):
     # Two processes of batch 4 consume 8 of the 40 samples per step: 6 steps are 1.2 epochs (one process: 0.6).
     assert state["epoch"] == pytest.approx(1.2)
     assert (tmp_path / "ddp" / "final" / "model.safetensors").exists()
+    assert result.stdout.count("final model:") == 1  # printed by the main process only

@@ -34,15 +34,36 @@ def bench_model(seed: int = 0) -> WeDLMForCausalLM:
     return WeDLMForCausalLM(WeDLMConfig(**BENCH_MODEL)).eval()
 
 
-def _timed(fn, repeats: int):
+def _synchronize(device: torch.device) -> None:
+    """Waits for queued GPU work, so a wall-clock interval covers the kernels it launched."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, repeats: int, device: torch.device):
     """Median wall time of `repeats` runs after one warm-up, and the last result."""
     result = fn()
     times = []
     for _ in range(repeats):
+        _synchronize(device)
         start = time.perf_counter()
         result = fn()
+        _synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times), result
+
+
+def load_bench_model(path: str | None, device: str = "cpu", dtype: str = "float32") -> WeDLMForCausalLM:
+    """The checkpoint at `path`, else the seeded random bench model, on `device` in `dtype` ("float32", ...)."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N.") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no CUDA device here; leave out --device to run on the CPU.")
+    torch_dtype = getattr(torch, dtype)
+    model = WeDLMForCausalLM.from_pretrained(path, dtype=torch_dtype) if path else bench_model()
+    return model.to(device=device, dtype=torch_dtype).eval()
 
 
 def run_benchmark(
@@ -74,9 +95,12 @@ def run_benchmark(
         eos_token_id=None,
         return_dict_in_generate=True,
     )
+    threads_used = torch.get_num_threads()
+    where = f"{model.device.type}, {str(model.dtype).removeprefix('torch.')}"
     log(
-        f"model: {params / 1e6:.1f}M parameters, {torch.get_num_threads()} threads; prompts {batch} x {prompt_len}; "
-        f"W={window_size}, tau={threshold}, lambda={penalty}; median of {repeats} runs"
+        f"model: {params / 1e6:.1f}M parameters, {where}, {threads_used} thread{'s' * (threads_used != 1)}; "
+        f"prompts {batch} x {prompt_len}; W={window_size}, tau={threshold}, lambda={penalty}; median of {repeats} "
+        f"run{'s' * (repeats != 1)}"
     )
     rows, results = [], {}
 
@@ -96,16 +120,19 @@ def run_benchmark(
             one, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None
         ),
         repeats,
+        model.device,
     )
     record(f"AR generate, {new_tokens} tokens", new_tokens, new_tokens, new_tokens, t)
     ar = results[rows[-1]]
 
-    t, out = _timed(lambda: model.generate(one, max_new_tokens=new_tokens, **wedlm_args), repeats)
+    t, out = _timed(lambda: model.generate(one, max_new_tokens=new_tokens, **wedlm_args), repeats, model.device)
     s = out.wedlm_stats[0]
     record(f"WeDLM, {new_tokens} tokens", s.tokens, s.forwards, s.rows_fed, t)
     wedlm = results[rows[-1]]
 
-    t_batch, out = _timed(lambda: model.generate(prompts, max_new_tokens=new_tokens, **wedlm_args), repeats)
+    t_batch, out = _timed(
+        lambda: model.generate(prompts, max_new_tokens=new_tokens, **wedlm_args), repeats, model.device
+    )
     stats = out.wedlm_stats
     record(
         f"WeDLM batched x{batch}",
@@ -119,7 +146,7 @@ def run_benchmark(
     def singles():
         return [model.generate(prompts[b : b + 1], max_new_tokens=new_tokens, **wedlm_args) for b in range(batch)]
 
-    t_single, outs = _timed(singles, repeats)
+    t_single, outs = _timed(singles, repeats, model.device)
     record(
         f"WeDLM {batch} single runs",
         sum(o.wedlm_stats[0].tokens for o in outs),
@@ -134,12 +161,14 @@ def run_benchmark(
         "batched_vs_singles": batched["tokens_per_s"] / singles_result["tokens_per_s"],
     }
     if long_tokens:
-        t, out = _timed(lambda: model.generate(one, max_new_tokens=long_tokens, **wedlm_args), repeats)
+        t, out = _timed(lambda: model.generate(one, max_new_tokens=long_tokens, **wedlm_args), repeats, model.device)
         s = out.wedlm_stats[0]
         record(f"WeDLM, {long_tokens} tokens", s.tokens, s.forwards, s.rows_fed, t)
         long_wedlm = results[rows[-1]]
         t, (_, forwards, rows_fed) = _timed(
-            lambda: blockwise_generate(model, one, mask_id, long_tokens, window_size, threshold, penalty), 1
+            lambda: blockwise_generate(model, one, mask_id, long_tokens, window_size, threshold, penalty),
+            1,
+            model.device,
         )
         record(f"block-wise no cache, {long_tokens} tokens", long_tokens, forwards, rows_fed, t)
         baseline = results[rows[-1]]
@@ -166,11 +195,8 @@ def run_benchmark(
 
 def bench_command(args) -> None:
     """`wedlm-hf bench`."""
-    model = None
-    if args.model:
-        model = WeDLMForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     report = run_benchmark(
-        model=model,
+        model=load_bench_model(args.model, args.device, args.dtype),
         new_tokens=args.new_tokens,
         long_tokens=args.long_tokens,
         window_size=args.window_size,

@@ -10,6 +10,23 @@ from ..data import default_model_path
 from ..modeling import WeDLMForCausalLM
 
 
+def check_prompt(prompt_tokens: int, max_new_tokens: int, context: int) -> None:
+    """Refuses, before any decoding, what the user can fix: an empty prompt, or more tokens than the context."""
+    if prompt_tokens == 0:
+        raise ValueError('The prompt is empty: give the text to continue, e.g. wedlm-hf generate "def fibonacci(n):".')
+    if prompt_tokens >= context:
+        raise ValueError(
+            f"The prompt is {prompt_tokens} tokens and the model has {context} positions: shorten the prompt to leave "
+            "room for new tokens."
+        )
+    if prompt_tokens + max_new_tokens > context:
+        raise ValueError(
+            f"The prompt is {prompt_tokens} tokens and --max-new-tokens is {max_new_tokens}: together more than the "
+            f"model's {context} positions; shorten the prompt or lower --max-new-tokens "
+            f"(to {context - prompt_tokens} at most)."
+        )
+
+
 def run_demo(
     prompt: str,
     model_path: str | None = None,
@@ -25,6 +42,7 @@ def run_demo(
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = WeDLMForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = tokenizer(prompt, return_tensors="pt").input_ids
+    check_prompt(ids.shape[1], max_new_tokens, model.config.max_position_embeddings)
     options = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
 
     # One short untimed run of each method first, so neither timing includes one-time start-up costs.
@@ -33,16 +51,20 @@ def run_demo(
 
     print_fn(prompt, end="", flush=True)
     start = time.perf_counter()
-    out = model.generate(
-        ids,
-        strategy="wedlm",
-        wedlm_window_size=window_size,
-        wedlm_entropy_threshold=threshold,
-        wedlm_pos_penalty_factor=penalty,
-        streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
-        return_dict_in_generate=True,
-        **options,
-    )
+    try:
+        out = model.generate(
+            ids,
+            strategy="wedlm",
+            wedlm_window_size=window_size,
+            wedlm_entropy_threshold=threshold,
+            wedlm_pos_penalty_factor=penalty,
+            streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
+            return_dict_in_generate=True,
+            **options,
+        )
+    except BaseException:  # Ctrl-C or an error: end the streamed line, so the message starts on its own line
+        print_fn(flush=True)
+        raise
     wedlm_seconds = time.perf_counter() - start
     stats = out.wedlm_stats[0]
     report = {"wedlm": {**stats.to_dict(), "seconds": wedlm_seconds, "tokens_per_s": stats.tokens / wedlm_seconds}}

@@ -223,4 +223,5 @@ def train_command(args) -> None:
         resume=args.resume,
         attn_implementation=args.attn_implementation,
     )
-    print(f"final model: {final}")
+    if os.environ.get("RANK", "0") == "0":  # once, from the main process of an `accelerate launch` run
+        print(f"final model: {final}")

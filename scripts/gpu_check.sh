@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# GPU readiness check, under 8 minutes on one large GPU (H200). Prints:
+#   (a) flash-attention-2 vs sdpa token equality of generate(strategy="wedlm"), batch 1 and 4 (skipped, with a line
+#       saying so, when the flash_attn package is absent);
+#   (b) `wedlm-hf bench --device cuda --dtype bfloat16`;
+#   (c) on a random Qwen3-8B-shaped model in bf16, one decoding forward of 2W rows (W=16) over one AR step.
+# On a machine without network: run scripts/gpu_wheels.sh where there is one, and bring the .whl/ folder along;
+# this script installs from it only the wheels whose package is missing or older there (into /tmp/site).
+# Usage: scripts/gpu_check.sh          on the GPU machine, from a checkout with .whl/
+#        scripts/gpu_check.sh --cpu    dry run on the CPU: tiny sizes, float32, no wheel install
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ "${1:-}" = "--cpu" ]; then
+  exec "$PY" scripts/gpu_check.py --cpu
+fi
+if ! ls .whl/*.whl >/dev/null 2>&1; then
+  echo "gpu_check: no wheels in .whl/: run scripts/gpu_wheels.sh on a machine with network and bring .whl/ along." >&2
+  exit 2
+fi
+# Wheels whose distribution is missing here or older than the wheel; wedlm-hf itself always.
+wheels=$("$PY" - .whl/*.whl <<'PYEOF'
+import re, sys
+from importlib.metadata import PackageNotFoundError, version
+
+def key(v):
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:4])
+
+for path in sys.argv[1:]:
+    name, wanted = path.rsplit("/", 1)[-1].split("-")[:2]
+    try:
+        have = version(name.replace("_", "-"))
+    except PackageNotFoundError:
+        have = None
+    if name == "wedlm_hf" or have is None or key(have) < key(wanted):
+        print(path)
+        print(f"gpu_check: installing {name} {wanted} (found: {have or 'none'})", file=sys.stderr)
+PYEOF
+)
+rm -rf /tmp/site
+# shellcheck disable=SC2086  # one path per word
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+# The wheel must hold this checkout's code, not an older build.
+if ! diff -rq --exclude=__pycache__ wedlm_hf /tmp/site/wedlm_hf >/dev/null; then
+  echo "gpu_check: the wedlm_hf wheel in .whl/ differs from this checkout: run scripts/gpu_wheels.sh again." >&2
+  exit 2
+fi
+# A script's own folder (scripts/) leads sys.path, not the checkout: `import wedlm_hf` finds the installed wheel.
+exec "$PY" scripts/gpu_check.py
