@@ -4,7 +4,7 @@ A WeDLM model is causal, so in every forward the row of a committed-order token 
 run is fed first, in logical order) is an ordinary next-token prediction given exactly the tokens before it. Those
 rows verify the drafts that follow: greedy keeps a draft only if it is the argmax, sampling keeps it with
 probability min(1, p/q) and otherwise draws from the normalised max(0, p - q) (speculative sampling), so the
-output is distributed exactly as plain AR decoding with the same warpers (docs/algorithm.md, "Lossless decoding").
+output is distributed exactly as plain AR decoding with the same warpers (docs/algorithm.md section 6).
 """
 
 from .window_filling import FillSampler

@@ -56,7 +56,7 @@ class RaggedCache:
         kwargs = {}
         if self._flash and input_ids.shape[0] == 1:
             # Without these, flash attention reads batch-1 non-monotonic positions as packed sequences and attends
-            # to the wrong keys (WEDLM.md section 5): one query sequence over the whole key sequence.
+            # to the wrong keys (docs/algorithm.md section 5): one query sequence over the whole key sequence.
             q_len, k_len = input_ids.shape[1], attention_mask.shape[1]
             kwargs = {
                 "cu_seq_lens_q": torch.tensor([0, q_len], dtype=torch.int32, device=input_ids.device),

@@ -1,4 +1,4 @@
-"""Streaming parallel decoding (docs/algorithm.md) for rows that join and leave one shared KV cache.
+"""Streaming parallel decoding (docs/algorithm.md section 3) for rows that join and leave one shared KV cache.
 
 Each row keeps a window of uncommitted slots after its committed length P: masks, or tokens filled but not yet
 committed. A step feeds every row's window reordered (filled slots first, then masks, each at its logical

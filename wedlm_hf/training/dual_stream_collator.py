@@ -1,4 +1,4 @@
-"""Dual-stream masking (WEDLM.md section 4): token sequences in, WeDLM training batches out.
+"""Dual-stream masking (docs/algorithm.md section 4): token sequences in, WeDLM training batches out.
 
 Each row becomes `[x0 ; xt]`: the clean sequence x0 and a prediction stream xt with the same logical positions.
 xt is cut into blocks of `block_size`; each block draws one masking ratio gamma ~ U(0, 1], masks
