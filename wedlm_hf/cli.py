@@ -169,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most")
     gen.add_argument("--no-compare", action="store_true", help="skip the plain AR run")
     _add_decoding_args(gen)
+    gen.add_argument(
+        "--lossless",
+        action="store_true",
+        help="commit only tokens the model's own AR decoding agrees with: plain generate()'s output, faster",
+    )
 
     bench = command("bench", "AR generate vs WeDLM vs the no-cache block-wise baseline, one process")
     bench.add_argument(

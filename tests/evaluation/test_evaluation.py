@@ -81,3 +81,13 @@ def test_fewest_forwards_is_reached_when_every_mask_is_accepted(model64):
         )
         assert out.wedlm_stats[0].forwards == fewest_forwards(n, window), (n, window)
     assert [fewest_forwards(n, 16) for n in (1, 8, 16, 17, 33)] == [2, 2, 2, 3, 4]
+
+
+def test_generate_demo_lossless_says_it_matches_ar(tmp_path, char_tokenizer, capsys):
+    from wedlm_hf.cli import main as cli
+
+    build_model(dtype=torch.float32).save_pretrained(tmp_path, tokenizer=char_tokenizer)
+    cli(["generate", "def f(n):", "--model", str(tmp_path), "--max-new-tokens", "12", "--lossless"])
+    printed = capsys.readouterr().out
+    assert "WeDLM lossless (W=16" in printed and "of drafts accepted" in printed
+    assert "output identical to plain AR generate: yes" in printed

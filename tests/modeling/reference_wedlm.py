@@ -1,4 +1,5 @@
-"""A slow, literal WeDLM decoder for tests: no KV cache, one sequence at a time, docs/algorithm.md section 3 line by line.
+"""A slow, literal WeDLM decoder for tests: no KV cache, one sequence at a time, line by line as
+docs/algorithm.md section 3 states it.
 
 Every step re-runs the whole sequence (committed tokens, then the window's filled slots, then its masks, each at
 its logical position) under a plain causal mask. It shares no code with `wedlm_hf` beyond the model itself.

@@ -1,4 +1,4 @@
-"""The worked trace of docs/algorithm.md section 3.g, replayed with scripted confidences, and what each forward is fed."""
+"""The worked trace of docs/algorithm.md section 3.g, replayed with scripted confidences; what each forward is fed."""
 
 import torch
 from conftest import MASK_ID, tiny_config

@@ -34,6 +34,7 @@ def run_demo(
     window_size: int = 16,
     threshold: float | None = 0.4,
     penalty: float = 0.02,
+    lossless: bool = False,
     compare: bool = True,
     print_fn=print,
 ) -> dict:
@@ -58,6 +59,7 @@ def run_demo(
             wedlm_window_size=window_size,
             wedlm_entropy_threshold=threshold,
             wedlm_pos_penalty_factor=penalty,
+            wedlm_lossless=lossless,
             streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
             return_dict_in_generate=True,
             **options,
@@ -68,10 +70,12 @@ def run_demo(
     wedlm_seconds = time.perf_counter() - start
     stats = out.wedlm_stats[0]
     report = {"wedlm": {**stats.to_dict(), "seconds": wedlm_seconds, "tokens_per_s": stats.tokens / wedlm_seconds}}
+    mode = "WeDLM lossless" if lossless else "WeDLM"
+    accepted = f", {stats.acceptance_rate:.0%} of drafts accepted" if stats.acceptance_rate is not None else ""
     print_fn(
-        f"\n--\nWeDLM (W={window_size}, tau={threshold}, lambda={penalty}): {stats.tokens} tokens in "
+        f"\n--\n{mode} (W={window_size}, tau={threshold}, lambda={penalty}): {stats.tokens} tokens in "
         f"{stats.forwards} forwards = {stats.tokens_per_forward:.2f} tokens/forward, p_cache {stats.p_cache:.2f}, "
-        f"{report['wedlm']['tokens_per_s']:.1f} tokens/s"
+        f"{report['wedlm']['tokens_per_s']:.1f} tokens/s{accepted}"
     )
     if compare:
         start = time.perf_counter()
@@ -82,7 +86,10 @@ def run_demo(
         print_fn(
             f"plain AR generate: {ar_tokens} tokens = 1.00 tokens/forward, {report['ar']['tokens_per_s']:.1f} tokens/s"
         )
-        print_fn(f"WeDLM / AR tokens/s: {report['wedlm']['tokens_per_s'] / report['ar']['tokens_per_s']:.2f}x")
+        print_fn(f"{mode} / AR tokens/s: {report['wedlm']['tokens_per_s'] / report['ar']['tokens_per_s']:.2f}x")
+        report["identical_to_ar"] = ar[0].tolist() == out.sequences[0].tolist()
+        if lossless:
+            print_fn(f"output identical to plain AR generate: {'yes' if report['identical_to_ar'] else 'NO'}")
     return report
 
 
@@ -95,5 +102,6 @@ def generate_command(args) -> None:
         window_size=args.window_size,
         threshold=args.threshold,
         penalty=args.penalty,
+        lossless=args.lossless,
         compare=not args.no_compare,
     )

@@ -1,7 +1,7 @@
 """Which masks of the window get filled in a step, and with which tokens.
 
-docs/algorithm.md section 3.d: entropy of the raw logits (mask token suppressed), plus a distance penalty from the leftmost
-remaining mask; every mask under the threshold is filled, or else the single lowest one (ties: leftmost). The
+docs/algorithm.md section 3.d: entropy of the raw logits (mask token suppressed), plus a distance penalty from the
+leftmost remaining mask; every mask under the threshold is filled, or else the single lowest one (ties: leftmost). The
 tokens come from the sampler, which applies the sampling warpers to the same suppressed logits.
 """
 
