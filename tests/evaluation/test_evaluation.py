@@ -3,6 +3,7 @@
 import json
 import sysconfig
 
+import pytest
 import torch
 from conftest import build_model
 
@@ -54,6 +55,10 @@ def test_evaluation_report_on_a_tiny_model(tmp_path, char_tokenizer):
     for r in report["families"].values():
         assert r["items"] == 3 and 0 <= r["wedlm_exact_match"] <= 1 and r["tokens_per_forward"] > 0
         assert r["tokens_per_forward"] <= r["tokens_per_forward_ceiling"]
+    for r in [*report["families"].values(), report["code"]]:
+        assert r["lossless"]["identical_to_ar"] is True and r["lossless"]["tokens_per_forward"] > 0
+        assert r["lossless"]["speedup"] > 0
+    assert all("lossless (identical to AR)" in line for line in lines)
     assert report["code"]["items"] == 2 and 0 <= report["code"]["token_agreement_with_ar"] <= 1
     json.dumps(report)
 
@@ -91,3 +96,13 @@ def test_generate_demo_lossless_says_it_matches_ar(tmp_path, char_tokenizer, cap
     printed = capsys.readouterr().out
     assert "WeDLM lossless (W=16" in printed and "of drafts accepted" in printed
     assert "output identical to plain AR generate: yes" in printed
+
+
+def test_evaluation_refuses_to_average_a_lossless_difference(tmp_path, char_tokenizer, monkeypatch):
+    """If lossless decoding ever differed from AR, the evaluation says so instead of reporting numbers."""
+    from wedlm_hf.modeling import draft_verification
+
+    build_model(dtype=torch.float32).save_pretrained(tmp_path, tokenizer=char_tokenizer)
+    monkeypatch.setattr(draft_verification.ArPredictions, "judge", lambda self, i, draft: None)  # accept every draft
+    with pytest.raises(AssertionError, match=r"lossless decoding differed from plain AR generate on \d+ counting"):
+        evaluate(str(tmp_path), items_per_family=3, code_items=1, train_items_per_family=200, threads=1, log=print)

@@ -96,3 +96,25 @@ def test_pipeline(tmp_path, char_tokenizer):
     options = dict(max_new_tokens=12, eos_token_id=None, do_sample=False, return_full_text=False)
     lossless = pipe("hello", strategy="wedlm", wedlm_lossless=True, **options)[0]["generated_text"]
     assert lossless == pipe("hello", **options)[0]["generated_text"]
+
+
+def test_model_card_reports_the_lossless_mode_next_to_the_default_one():
+    from wedlm_hf.hub.model_card import stats_section
+
+    family = dict(
+        items=10,
+        ar_exact_match=0.9,
+        wedlm_exact_match=0.8,
+        tokens_per_forward=4.25,
+        tokens_per_forward_ceiling=6.5,
+        ar_tokens_per_s=100.0,
+        wedlm_tokens_per_s=310.0,
+        speedup=3.1,
+    )
+    settings = dict(
+        window_size=16, entropy_threshold=0.4, pos_penalty_factor=0.02, threads=2, torch="t", transformers="x"
+    )
+    lossless = dict(identical_to_ar=True, tokens_per_forward=3.5, tokens_per_s=280.0, speedup=2.8, acceptance_rate=0.9)
+    text = stats_section({"settings": settings, "families": {"counting": {**family, "lossless": lossless}}})
+    assert "| counting | 3.50 | 90.0% | 280 | 2.80x |" in text and "identical to plain AR" in text
+    assert "Lossless mode" not in stats_section({"settings": settings, "families": {"counting": family}})

@@ -55,6 +55,40 @@ def code_snippets(tokenizer, count: int, prompt_tokens: int, seed: int = 0) -> l
     return snippets
 
 
+class _Lossless:
+    """Lossless decoding of the same items: its own clock and counts, and every output checked against AR's."""
+
+    def __init__(self, family: str):
+        self.family, self.clock = family, _Clock()
+        self.forwards = self.accepted = self.rejected = 0
+        self.differing: list[str] = []
+
+    def add(self, prompt: str, prompt_tokens: int, ar: list[int], out) -> None:
+        stats = out.wedlm_stats[0]
+        self.clock.tokens += stats.tokens
+        self.forwards += stats.forwards
+        self.accepted += stats.accepted_drafts
+        self.rejected += stats.rejected_drafts
+        if out.sequences[0, prompt_tokens:].tolist() != ar:
+            self.differing.append(prompt)
+
+    def report(self, ar_clock: "_Clock") -> dict:
+        """Lossless output is AR's by construction; a difference is a bug, reported rather than averaged in."""
+        if self.differing:
+            raise AssertionError(
+                f"lossless decoding differed from plain AR generate on {len(self.differing)} {self.family} item(s), "
+                f"e.g. {self.differing[0]!r}: this is a bug in wedlm_hf, please report it."
+            )
+        checked = self.accepted + self.rejected
+        return dict(
+            identical_to_ar=True,
+            tokens_per_forward=self.clock.tokens / self.forwards,
+            tokens_per_s=self.clock.tokens_per_s,
+            speedup=self.clock.tokens_per_s / ar_clock.tokens_per_s,
+            acceptance_rate=self.accepted / checked if checked else None,
+        )
+
+
 class _Clock:
     """Accumulates generated tokens and seconds of one decoding method."""
 
@@ -99,14 +133,19 @@ def evaluate(
         pad_token_id=eos,
     )
 
-    def both(ids: list[int], new_tokens: int, ar_clock: _Clock, wedlm_clock: _Clock):
+    def both(ids: list[int], new_tokens: int, ar_clock: _Clock, wedlm_clock: _Clock, lossless: _Lossless):
+        """AR, WeDLM and lossless WeDLM on one item, interleaved so that all three clocks see the same machine."""
         x = torch.tensor([ids])
         ar = ar_clock.run(
             lambda: model.generate(x, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
         )[0, len(ids) :].tolist()
         out = wedlm_clock.run(lambda: model.generate(x, max_new_tokens=new_tokens, **wedlm_args))
+        exact = lossless.clock.run(
+            lambda: model.generate(x, max_new_tokens=new_tokens, wedlm_lossless=True, **wedlm_args)
+        )
         ar_clock.tokens += len(ar)
         wedlm_clock.tokens += out.wedlm_stats[0].tokens
+        lossless.add(tokenizer.decode(ids), len(ids), ar, exact)
         return ar, out.sequences[0, len(ids) :].tolist(), out.wedlm_stats[0]
 
     def strip(tokens: list[int]) -> list[int]:
@@ -130,13 +169,13 @@ def evaluate(
         "families": {},
     }
     for family in FAMILIES:
-        ar_clock, wedlm_clock = _Clock(), _Clock()
+        ar_clock, wedlm_clock, lossless = _Clock(), _Clock(), _Lossless(family)
         ar_hits = wedlm_hits = forwards = tokens = fewest = 0
         items = held_out_items(family, items_per_family, train_items_per_family)
         for question, answer in items:
             ids = tokenizer(question, add_special_tokens=False)["input_ids"]
             target = tokenizer(answer, add_special_tokens=False)["input_ids"]
-            ar, wedlm, stats = both(ids, len(target) + 8, ar_clock, wedlm_clock)
+            ar, wedlm, stats = both(ids, len(target) + 8, ar_clock, wedlm_clock, lossless)
             ar_hits += strip(ar) == target
             wedlm_hits += strip(wedlm) == target
             forwards += stats.forwards
@@ -151,13 +190,14 @@ def evaluate(
             ar_tokens_per_s=ar_clock.tokens_per_s,
             wedlm_tokens_per_s=wedlm_clock.tokens_per_s,
             speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
+            lossless=lossless.report(ar_clock),
         )
         log(f"{family:<12} {_row(report['families'][family])}")
 
-    ar_clock, wedlm_clock = _Clock(), _Clock()
+    ar_clock, wedlm_clock, lossless = _Clock(), _Clock(), _Lossless("code")
     same = agree = forwards = tokens = total = fewest = 0
     for ids in code_snippets(tokenizer, code_items, code_prompt_tokens):
-        ar, wedlm, stats = both(ids, code_new_tokens, ar_clock, wedlm_clock)
+        ar, wedlm, stats = both(ids, code_new_tokens, ar_clock, wedlm_clock, lossless)
         same += ar == wedlm
         agree += sum(a == b for a, b in zip(ar, wedlm))
         total += max(len(ar), len(wedlm))
@@ -173,13 +213,14 @@ def evaluate(
         ar_tokens_per_s=ar_clock.tokens_per_s,
         wedlm_tokens_per_s=wedlm_clock.tokens_per_s,
         speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
+        lossless=lossless.report(ar_clock),
     )
     code = report["code"]
     log(
         f"{'code':<12} identical to AR {code['identical_to_ar']:.2f}, token agreement "
         f"{code['token_agreement_with_ar']:.2f}, tokens/forward {code['tokens_per_forward']:.2f} "
         f"(ceiling {code['tokens_per_forward_ceiling']:.2f}), "
-        f"speed-up {code['speedup']:.2f}x"
+        f"speed-up {code['speedup']:.2f}x; {_lossless_row(code['lossless'])}"
     )
     return report
 
@@ -189,7 +230,15 @@ def _row(r: dict) -> str:
         f"exact match AR {r['ar_exact_match']:.2f} / WeDLM {r['wedlm_exact_match']:.2f}, "
         f"tokens/forward {r['tokens_per_forward']:.2f} (ceiling {r['tokens_per_forward_ceiling']:.2f}), "
         f"tokens/s AR {r['ar_tokens_per_s']:.0f} / "
-        f"WeDLM {r['wedlm_tokens_per_s']:.0f} = {r['speedup']:.2f}x"
+        f"WeDLM {r['wedlm_tokens_per_s']:.0f} = {r['speedup']:.2f}x; {_lossless_row(r['lossless'])}"
+    )
+
+
+def _lossless_row(r: dict) -> str:
+    rate = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.0%}"
+    return (
+        f"lossless (identical to AR) tokens/forward {r['tokens_per_forward']:.2f}, {r['speedup']:.2f}x AR, "
+        f"{rate} of drafts accepted"
     )
 
 

@@ -56,6 +56,25 @@ def stats_section(eval_results: dict | None) -> str:
             f"{c['identical_to_ar']:.1%} of snippets, token agreement {c['token_agreement_with_ar']:.1%}, "
             f"{c['tokens_per_forward']:.2f} tokens / forward (ceiling {_ceiling(c)}), {c['speedup']:.2f}x AR tokens/s.",
         ]
+    lossless = [
+        (name, r["lossless"])
+        for name, r in [*eval_results["families"].items(), ("code continuation", c)]
+        if r and r.get("lossless")
+    ]
+    if lossless:
+        lines += [
+            "",
+            "Lossless mode (`wedlm_lossless=True`) on the same items: its output was checked identical to plain AR "
+            "`generate()` on every item, so its exact match is AR's.",
+            "",
+            "| task | tokens / forward | drafts accepted | tokens/s | speed-up over AR |",
+            "|---|---|---|---|---|",
+        ]
+        for name, r in lossless:
+            rate = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.1%}"
+            lines.append(
+                f"| {name} | {r['tokens_per_forward']:.2f} | {rate} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x |"
+            )
     lines += [
         "",
         "The ceiling is the most tokens per forward WeDLM decoding can reach on the same outputs: a token commits one "
