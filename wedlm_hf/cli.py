@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--base-model", default=None, help="base_model in the card metadata")
     exp.add_argument("--summary", default=None, help="one paragraph for the card")
     exp.add_argument("--recipe", default=None, help="a script whose text the card quotes as the training command")
+    exp.add_argument("--overwrite", action="store_true", help="replace the checkpoint in a non-empty DESTINATION")
 
     card = sub.add_parser("card", help="render a model card from a checkpoint's training and evaluation records")
     card.add_argument("model", help="checkpoint folder (generation_config.json, training_info.json, eval_results.json)")
