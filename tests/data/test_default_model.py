@@ -67,7 +67,10 @@ def test_auto_classes_load_it_without_remote_code():
 def test_shipped_folder_is_a_hub_checkpoint_whose_code_is_the_core():
     """Remote code beside the weights, each file a relative link into wedlm_hf/modeling (one source of truth)."""
     code = sorted(DEFAULT_MODEL_DIR.glob("*.py"))
-    assert {p.name for p in code} == {p.name for p in remote_code_files()}
+    assert {p.name for p in code} == {p.name for p in remote_code_files()}, (
+        "wedlm_hf/default_model must link every core module: run `python -c 'from wedlm_hf.data.shipped_model "
+        "import link_remote_code; link_remote_code()'` (and remove links to modules that are gone)"
+    )
     for link in code:
         assert link.is_symlink() and not os.path.isabs(os.readlink(link))
         assert link.resolve() == (MODELING_DIR / link.name).resolve()

@@ -41,8 +41,13 @@ def default_model_path() -> str:
     return str(DEFAULT_MODEL_DIR)
 
 
-def link_remote_code(folder: Path = DEFAULT_MODEL_DIR) -> list[Path]:
-    """Makes every core module a relative symlink in `folder` (the remote code of a Hub-style folder)."""
+def link_remote_code(folder: Path | None = None) -> list[Path]:
+    """Makes every core module a relative symlink in `folder` (default: the shipped folder), dropping links to
+    modules that are gone. A new module in `wedlm_hf/modeling/` needs its link: run this once and commit it."""
+    folder = DEFAULT_MODEL_DIR if folder is None else folder
+    for stale in folder.glob("*.py"):
+        if stale.is_symlink() and not stale.exists():
+            stale.unlink()
     links = []
     for module in sorted(p for p in MODELING_DIR.glob("*.py") if p.name != "__init__.py"):
         link = folder / module.name
