@@ -272,6 +272,14 @@ def test_train_names_missing_data_files(setup_dir, tmp_path):
     args[args.index("--data") + 1] = str(tmp_path / "notes.md")
     with pytest.raises(ValueError, match=r"notes\.md: use \.txt or \.jsonl"):
         cli(args)
+    args = train_args(setup_dir, tmp_path / "run")
+    args[args.index("--config") + 1] = str(tmp_path / "missing.json")
+    with pytest.raises(FileNotFoundError, match=r"--config .*missing\.json: no such config JSON file"):
+        cli(args)
+    args = train_args(setup_dir, tmp_path / "run")
+    args[args.index("--tokenizer") + 1] = str(tmp_path / "no-tokenizer")
+    with pytest.raises(FileNotFoundError, match=r"--tokenizer .*no-tokenizer: no such tokenizer folder"):
+        cli(args)
 
 
 # kill -9 at several points of a run, each recognised on disk (relative to the output folder) wherever the run writes
