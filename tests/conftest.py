@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random models built from configs (nothing is downloaded) and a character tokenizer."""
 
 import os
+import re
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -92,3 +93,13 @@ def shipped_model():
 
     path = default_model_path()
     return WeDLMForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def absolute_paths(record) -> list[str]:
+    """Every string in a JSON record that is an absolute path (records must not name the machine's folders)."""
+    if isinstance(record, dict):
+        return [p for value in record.values() for p in absolute_paths(value)]
+    if isinstance(record, list):
+        return [p for value in record for p in absolute_paths(value)]
+    is_path = isinstance(record, str) and (os.path.isabs(record) or re.match(r"^[A-Za-z]:[\\/]", record))
+    return [record] if is_path else []

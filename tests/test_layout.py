@@ -40,7 +40,8 @@ def imports(path: Path) -> list[tuple[str, list[str], int]]:
     return found
 
 
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+# Modules live in packages; a data folder (default_model/ links the core as remote code) holds no modules of its own.
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if (p.parent / "__init__.py").exists()}
 
 
 def wing_of(module: str) -> str | None:

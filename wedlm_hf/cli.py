@@ -274,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a script the card quotes as the training command (default: none)",
     )
+    exp.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the checkpoint in a non-empty DESTINATION (its earlier weight files are removed)",
+    )
 
     card = command("card", "render a model card from a checkpoint's training and evaluation records")
     card.add_argument(

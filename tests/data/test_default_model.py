@@ -1,15 +1,23 @@
-"""The checkpoint shipped in the package: loads offline, decodes the README prompt in parallel, card matches records."""
+"""The checkpoint shipped in the package: loads offline (also as remote code, without wedlm_hf), decodes the README
+prompt in parallel, its card matches its records and those records name no path of the machine that made them."""
 
+import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import absolute_paths, build_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from wedlm_hf import WeDLMForCausalLM, default_model_path
 from wedlm_hf.cli import main as cli
-from wedlm_hf.data.shipped_model import DEFAULT_MODEL_DIR, MAX_BYTES, ship_default_model
+from wedlm_hf.data.shipped_model import DEFAULT_MODEL_DIR, MAX_BYTES, MODELING_DIR, ship_default_model
+from wedlm_hf.hub.export import AUTO_MAP, remote_code_files
 
 ROOT = Path(__file__).resolve().parents[2]
 CARD = ROOT / "model_cards" / "wedlm-tiny-stdlib" / "README.md"
@@ -56,6 +64,70 @@ def test_auto_classes_load_it_without_remote_code():
     assert isinstance(model, WeDLMForCausalLM)
 
 
+def test_shipped_folder_is_a_hub_checkpoint_whose_code_is_the_core():
+    """Remote code beside the weights, each file a relative link into wedlm_hf/modeling (one source of truth)."""
+    code = sorted(DEFAULT_MODEL_DIR.glob("*.py"))
+    assert {p.name for p in code} == {p.name for p in remote_code_files()}, (
+        "wedlm_hf/default_model must link every core module: run `python -c 'from wedlm_hf.data.shipped_model "
+        "import link_remote_code; link_remote_code()'` (and remove links to modules that are gone)"
+    )
+    for link in code:
+        assert link.is_symlink() and not os.path.isabs(os.readlink(link))
+        assert link.resolve() == (MODELING_DIR / link.name).resolve()
+    assert json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["auto_map"] == AUTO_MAP
+
+
+# A fresh interpreter in which `import wedlm_hf` fails, as in lm-eval or the `transformers` CLI without this package.
+WITHOUT_PACKAGE = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "wedlm_hf" or name.startswith("wedlm_hf."):
+                raise ImportError("wedlm_hf is not installed here")
+
+    sys.meta_path.insert(0, Block())
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True, dtype=torch.float32).eval()
+    ids = torch.tensor([json.loads(sys.argv[2])])
+    with torch.no_grad():
+        logits = model(ids).logits[0].tolist()
+    tokens = model.generate(ids, strategy="wedlm", max_new_tokens=16)[0].tolist()
+    print("RESULT " + json.dumps({"module": type(model).__module__, "logits": logits, "tokens": tokens}))
+    """
+)
+
+
+def test_shipped_model_loads_as_remote_code_where_wedlm_hf_is_not_importable(shipped, tmp_path):
+    model, tokenizer = shipped
+    ids = tokenizer("count from 7 by 2, 6 numbers:", add_special_tokens=False)["input_ids"]
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PACKAGE, default_model_path(), json.dumps(ids)],
+        env=env,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = json.loads(result.stdout.split("RESULT ", 1)[1])
+    assert remote["module"].startswith("transformers_modules.")
+    with torch.no_grad():
+        local = model(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(torch.tensor(remote["logits"]), local, rtol=0, atol=0)
+    assert remote["tokens"] == model.generate(torch.tensor([ids]), strategy="wedlm", max_new_tokens=16)[0].tolist()
+
+
+def test_shipped_records_name_no_machine_path():
+    for name in ("eval_results.json", "training_info.json"):
+        assert not absolute_paths(json.loads((DEFAULT_MODEL_DIR / name).read_text())), name
+
+
 def test_card_is_rendered_from_the_records(tmp_path):
     """Every number in the card comes from training_info.json / eval_results.json: re-rendering reproduces it."""
     out = tmp_path / "README.md"
@@ -84,3 +156,35 @@ def test_ship_default_refuses_oversized_or_missing_weights(tmp_path, monkeypatch
     monkeypatch.setattr("wedlm_hf.data.shipped_model.MAX_BYTES", 32)
     with pytest.raises(ValueError, match="under 25 MiB"):
         ship_default_model(tmp_path)
+
+
+@pytest.fixture
+def shipping_target(tmp_path, monkeypatch):
+    """ship-default writes into a scratch folder instead of the package's own."""
+    target = tmp_path / "default_model"
+    monkeypatch.setattr("wedlm_hf.data.shipped_model.DEFAULT_MODEL_DIR", target)
+    return target
+
+
+def test_ship_default_makes_a_hub_style_folder(tmp_path, char_tokenizer, shipping_target):
+    model = build_model(dtype=torch.float32)
+    model.save_pretrained(tmp_path / "final", tokenizer=char_tokenizer)  # what `wedlm-hf train` leaves
+    shipping_target.mkdir()
+    (shipping_target / "eval_results.json").write_text("{}")  # measured the previous weights
+    cli(["ship-default", str(tmp_path / "final")])
+    assert json.loads((shipping_target / "config.json").read_text())["auto_map"] == AUTO_MAP
+    assert {p.name for p in shipping_target.glob("*.py")} == {p.name for p in remote_code_files()}
+    for link in shipping_target.glob("*.py"):
+        assert link.is_symlink() and link.resolve() == (MODELING_DIR / link.name).resolve()
+    assert not (shipping_target / "eval_results.json").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(shipping_target).state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+
+
+def test_ship_default_names_a_truncated_weight_file(tmp_path, char_tokenizer, shipping_target):
+    build_model(dtype=torch.float32).save_pretrained(tmp_path / "final", tokenizer=char_tokenizer)
+    weights = tmp_path / "final" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=r"final/model\.safetensors is not a readable safetensors file"):
+        ship_default_model(tmp_path / "final")
+    assert not shipping_target.exists()

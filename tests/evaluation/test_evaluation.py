@@ -5,7 +5,7 @@ import sysconfig
 
 import pytest
 import torch
-from conftest import build_model
+from conftest import absolute_paths, build_model
 
 from wedlm_hf.data.offline_mix import EOS_TAIL, TRAIN_TASK_SEED, task_windows
 from wedlm_hf.data.stdlib_corpus import stdlib_files, stdlib_root
@@ -61,6 +61,8 @@ def test_evaluation_report_on_a_tiny_model(tmp_path, char_tokenizer):
     assert all("lossless (identical to AR)" in line for line in lines)
     assert report["code"]["items"] == 2 and 0 <= report["code"]["token_agreement_with_ar"] <= 1
     json.dumps(report)
+    # The report travels with the model (eval_results.json): a folder outside the working directory keeps its name.
+    assert report["settings"]["model"] == tmp_path.name and not absolute_paths(report)
 
 
 def test_generate_demo_streams_and_compares(tmp_path, char_tokenizer, capsys):

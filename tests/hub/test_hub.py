@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from wedlm_hf import WeDLMConfig, WeDLMForCausalLM, generate_wedlm
 from wedlm_hf.cli import main as cli
 from wedlm_hf.hub.custom_generate import export_custom_generate
 from wedlm_hf.hub.export import export_checkpoint, remote_code_files
+from wedlm_hf.hub.push import HubUnreachableError
 
 CODE_FILES = {p.name for p in remote_code_files()}
 DECODE = dict(
@@ -205,6 +207,59 @@ def test_export_errors_say_what_to_do(tmp_path):
         export_checkpoint(qwen, tmp_path / "out3")
 
 
+def same_weights(model, folder: Path) -> bool:
+    loaded = WeDLMForCausalLM.from_pretrained(folder).state_dict()
+    return all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+
+
+def test_export_into_a_non_empty_folder_needs_overwrite_and_leaves_no_stale_weights(tmp_path, char_tokenizer):
+    old, new = build_model(seed=0, dtype=torch.float32), build_model(seed=1, dtype=torch.float32)
+    old.save_pretrained(tmp_path / "old", tokenizer=char_tokenizer)
+    new.save_pretrained(tmp_path / "new", tokenizer=char_tokenizer, max_shard_size="100KB")
+    assert (tmp_path / "new" / "model.safetensors.index.json").exists()
+    dst = tmp_path / "hub"
+    cli(["export", str(tmp_path / "old"), str(dst)])
+    (dst / "notes.txt").write_text("mine")
+    (dst / "pytorch_model.bin").write_bytes(b"older still")
+    before = {p.name: p.read_bytes() for p in dst.iterdir()}
+    with pytest.raises(FileExistsError, match=r"hub already holds files.*--overwrite"):
+        cli(["export", str(tmp_path / "new"), str(dst)])
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == before  # refused: nothing touched
+
+    # A sharded export over a single-file one: the old model.safetensors would otherwise be what loads.
+    cli(["export", str(tmp_path / "new"), str(dst), "--overwrite"])
+    names = {p.name for p in dst.iterdir()}
+    assert "model.safetensors" not in names and "pytorch_model.bin" not in names
+    assert "model.safetensors.index.json" in names and (dst / "notes.txt").read_text() == "mine"
+    assert same_weights(new, dst) and not same_weights(old, dst)
+    assert not list(tmp_path.glob(".hub.export-*"))
+    # And back: a single-file export over the sharded one leaves no index or shard behind.
+    export_checkpoint(tmp_path / "old", dst, overwrite=True)
+    assert not list(dst.glob("model-*.safetensors")) and not (dst / "model.safetensors.index.json").exists()
+    assert same_weights(old, dst)
+
+
+def test_an_interrupted_export_leaves_nothing_that_looks_complete(tmp_path, char_tokenizer, monkeypatch):
+    build_model(dtype=torch.float32).save_pretrained(tmp_path / "src", tokenizer=char_tokenizer)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("wedlm_hf.hub.export.write_card", disk_full)  # the last file an export writes
+    with pytest.raises(OSError, match="No space left"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no half-written folder, no staging folder
+
+
+def test_export_names_a_truncated_weight_file(tmp_path, char_tokenizer):
+    build_model(dtype=torch.float32).save_pretrained(tmp_path / "src", tokenizer=char_tokenizer)
+    weights = tmp_path / "src" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"src/model\.safetensors is not a readable safetensors file.*truncated"):
+        cli(["export", str(tmp_path / "src"), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 def test_card_metadata_and_measured_statistics(tmp_path, char_tokenizer):
     src = tmp_path / "src"
     build_model(dtype=torch.float32).save_pretrained(src, tokenizer=char_tokenizer)
@@ -320,6 +375,36 @@ def test_push_errors(tmp_path, char_tokenizer, fake_hub, monkeypatch):
     monkeypatch.setattr("wedlm_hf.hub.push.get_token", lambda: None)
     with pytest.raises(ValueError, match="No Hugging Face token.*hf auth login.*HF_TOKEN"):
         model.push_to_hub("me/x", tokenizer=char_tokenizer)
+
+
+def test_push_without_network_names_the_network_problem(tmp_path, char_tokenizer):
+    build_model(dtype=torch.float32).save_pretrained(tmp_path / "src", tokenizer=char_tokenizer)
+    export_checkpoint(tmp_path / "src", tmp_path / "out")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_TOKEN="hf_test_token")
+    result = subprocess.run(
+        [sys.executable, "-m", "wedlm_hf.cli", "push", str(tmp_path / "out"), "me/tiny-wedlm"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert f"Could not reach the Hugging Face Hub at http://127.0.0.1:{port}" in result.stderr
+    assert "check the network connection" in result.stderr
+
+
+def test_push_in_offline_mode_says_to_unset_it(tmp_path, char_tokenizer, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    build_model(dtype=torch.float32).save_pretrained(tmp_path / "src", tokenizer=char_tokenizer)
+    export_checkpoint(tmp_path / "src", tmp_path / "out")
+    with pytest.raises(HubUnreachableError, match="HF_HUB_OFFLINE is set.*unset"):
+        cli(["push", str(tmp_path / "out"), "me/tiny-wedlm"])
 
 
 def test_custom_generate_on_models_with_their_own_code(tmp_path):

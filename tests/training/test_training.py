@@ -1,14 +1,19 @@
-"""`wedlm-hf train` and `wedlm-hf convert` end to end on tiny models: logs, checkpoints, resume, seeds, 2 processes."""
+"""`wedlm-hf train` and `wedlm-hf convert` end to end on tiny models: logs, checkpoints, resume (also after kill -9),
+seeds, 2 processes, and the errors for bad options and data."""
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import absolute_paths
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
@@ -83,6 +88,18 @@ def test_convert_refuses_other_families(tmp_path):
         cli(["convert", str(tmp_path / "gpt2"), str(tmp_path / "out")])
 
 
+def test_convert_names_a_missing_folder_or_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"{re.escape(str(tmp_path / 'nowhere'))}: no such folder.*local"):
+        cli(["convert", str(tmp_path / "nowhere"), str(tmp_path / "out")])
+    char_tokenizer_without_mask().save_pretrained(tmp_path / "no-config")
+    with pytest.raises(FileNotFoundError, match="no-config has no config.json"):
+        cli(["convert", str(tmp_path / "no-config"), str(tmp_path / "out")])
+    Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16, vocab_size=96)).save_pretrained(tmp_path / "no-tokenizer")
+    with pytest.raises(FileNotFoundError, match="no-tokenizer has no tokenizer files.*save_pretrained"):
+        cli(["convert", str(tmp_path / "no-tokenizer"), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.fixture(scope="module")
 def setup_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
@@ -142,6 +159,11 @@ def test_train_logs_both_losses_checkpoints_and_saves(setup_dir, tmp_path):
     final = tmp_path / "run" / "final"
     model = WeDLMForCausalLM.from_pretrained(final)
     assert model.config.mask_token_id == AutoTokenizer.from_pretrained(final).mask_token_id
+    # The record travels with the model: paths outside the working directory keep only their name.
+    info = json.loads((final / "training_info.json").read_text())
+    assert not absolute_paths(info)
+    assert info["arguments"]["output_dir"] == "run" and info["arguments"]["data"] == ["data.jsonl"]
+    assert info["arguments"]["config"] == "config.json" and info["arguments"]["tokenizer"] == "tok"
 
 
 def test_seeded_runs_are_identical_and_resume_continues_exactly(setup_dir, tmp_path):
@@ -192,3 +214,138 @@ def test_two_processes_under_accelerate_launch(setup_dir, tmp_path):
     assert state["epoch"] == pytest.approx(1.2)
     assert (tmp_path / "ddp" / "final" / "model.safetensors").exists()
     assert result.stdout.count("final model:") == 1  # printed by the main process only
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--max-steps", "0", "--max-steps must be at least 1 (got 0)"),  # Trainer would run one step
+        ("--max-steps", "-1", "--max-steps must be at least 1 (got -1)"),  # Trainer would run three epochs
+        ("--batch-size", "0", "--batch-size must be at least 1"),
+        ("--grad-accum", "0", "--grad-accum must be at least 1"),
+        ("--seq-len", "1", "--seq-len must be at least 2"),
+        ("--block-size", "0", "--block-size must be at least 1"),
+        ("--save-steps", "0", "--save-steps must be at least 1"),
+        ("--logging-steps", "-5", "--logging-steps must be at least 1"),
+        ("--lr", "0", "--lr must be a positive number"),
+        ("--lr", "-0.0003", "--lr must be a positive number"),
+        ("--warmup-ratio", "1", "--warmup-ratio is a share of --max-steps in [0, 1)"),
+        ("--warmup-ratio", "-0.1", "--warmup-ratio is a share"),
+        ("--weight-decay", "-0.01", "--weight-decay must be 0 or more"),
+    ],
+)
+def test_train_refuses_nonsensical_options(setup_dir, tmp_path, option, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cli(train_args(setup_dir, tmp_path / "run", option, value))
+    assert not (tmp_path / "run").exists()
+
+
+GOOD = json.dumps({"text": "count 1 2 3"})
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        # json's own message would say "line 1 column 10" and name no file
+        ([GOOD, "", '{"text": "unterminated}'], r"bad\.jsonl, line 3, column \d+: not valid JSON"),
+        ([GOOD, json.dumps({"prompt": "a:", "completon": " b"})], r"bad\.jsonl, line 2: unknown key\(s\) completon"),
+        ([json.dumps({"txt": "a"})], r"bad\.jsonl, line 1: unknown key\(s\) txt; a record is"),
+        ([json.dumps({"prompt": "a:"})], r"bad\.jsonl, line 1: keys prompt; a record is"),
+        ([json.dumps({"text": "a", "prompt": "b", "completion": "c"})], r"line 1: keys completion, prompt, text"),
+        ([GOOD, json.dumps({"text": 5})], r'bad\.jsonl, line 2: "text" must be a string'),
+        ([json.dumps(["text"])], r"bad\.jsonl, line 1: a record is a JSON object"),
+    ],
+)
+def test_train_names_file_and_line_of_a_bad_record(setup_dir, tmp_path, lines, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    args = train_args(setup_dir, tmp_path / "run")
+    args[args.index("--data") + 1] = str(bad)
+    with pytest.raises(ValueError, match=message):
+        cli(args)
+
+
+def test_train_names_missing_data_files(setup_dir, tmp_path):
+    args = train_args(setup_dir, tmp_path / "run")
+    args[args.index("--data") + 1] = str(tmp_path / "missing.jsonl")
+    with pytest.raises(FileNotFoundError, match=r"--data .*missing\.jsonl: no such file"):
+        cli(args)
+    args[args.index("--data") + 1] = str(tmp_path / "notes.md")
+    with pytest.raises(ValueError, match=r"notes\.md: use \.txt or \.jsonl"):
+        cli(args)
+    args = train_args(setup_dir, tmp_path / "run")
+    args[args.index("--config") + 1] = str(tmp_path / "missing.json")
+    with pytest.raises(FileNotFoundError, match=r"--config .*missing\.json: no such config JSON file"):
+        cli(args)
+    args = train_args(setup_dir, tmp_path / "run")
+    args[args.index("--tokenizer") + 1] = str(tmp_path / "no-tokenizer")
+    with pytest.raises(FileNotFoundError, match=r"--tokenizer .*no-tokenizer: no such tokenizer folder"):
+        cli(args)
+
+
+# kill -9 at several points of a run, each recognised on disk (relative to the output folder) wherever the run writes
+# its files, in the order a run that resumes every time reaches them: amid the first save (an optimizer state being
+# written), between two saves, amid the save of step 5 after a resume, amid writing the final model.
+KILL_POINTS = ("**/optimizer.pt", "checkpoint-3", "**/checkpoint-5", "*final")
+CRASH = ("--save-steps", "1", "--logging-steps", "1", "--resume")
+
+
+def appeared(out: Path, point: str) -> bool:
+    try:
+        return any(out.glob(point))
+    except OSError:  # a folder vanished while it was listed (the run renames and deletes as it goes)
+        return False
+
+
+def run_until(setup_dir: Path, out: Path, point: str | None, log: Path) -> bool:
+    """Runs `wedlm-hf train --resume` in a subprocess and kills it (SIGKILL) as soon as `point` exists; True when it
+    was killed, False when it finished first."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    with log.open("a") as sink:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "wedlm_hf.cli", *train_args(setup_dir, out, *CRASH)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+        )
+        try:
+            while run.poll() is None:
+                if point and appeared(out, point):
+                    run.send_signal(signal.SIGKILL)
+                    run.wait()
+                    return True
+                time.sleep(0.0005)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    assert run.returncode == 0, log.read_text()[-3000:]
+    return False
+
+
+def assert_checkpoints_complete(out: Path) -> None:
+    """What a kill leaves: every checkpoint-N folder whole (state of step N, readable weights and optimizer)."""
+    for folder in out.glob("checkpoint-*"):
+        state = json.loads((folder / "trainer_state.json").read_text())
+        assert f"checkpoint-{state['global_step']}" == folder.name
+        load_file(folder / "model.safetensors")
+        torch.load(folder / "optimizer.pt", weights_only=True)
+        assert (folder / "scheduler.pt").exists() and (folder / "rng_state.pth").exists()
+
+
+def test_resume_after_kill_during_saves_continues_exactly(setup_dir, tmp_path):
+    """A run killed with SIGKILL at any point, saves included, resumes from its newest complete checkpoint; after
+    every kill each checkpoint folder is whole, and the final weights equal those of an uninterrupted run."""
+    cli(train_args(setup_dir, tmp_path / "straight", *CRASH))
+    out, log = tmp_path / "killed", tmp_path / "runs.log"
+    mid_save = 0
+    for point in KILL_POINTS:
+        if run_until(setup_dir, out, point, log):
+            mid_save += any(out.glob("tmp-*"))  # the kill left a save unfinished
+            assert_checkpoints_complete(out)
+    assert not run_until(setup_dir, out, None, log)
+    assert mid_save >= 1 and not any(out.glob("tmp-*"))
+    straight, resumed = weights(tmp_path / "straight" / "final"), weights(out / "final")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert json.loads((out / "final" / "training_info.json").read_text())["resumed"]

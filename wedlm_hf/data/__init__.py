@@ -4,13 +4,16 @@
 - `synthetic_tasks`: the low-entropy task families (counting, copying, arithmetic, lists).
 - `offline_mix`: the training mix of both, and the tokenizer corpus.
 - `tokenizer_training`: `wedlm-hf train-tokenizer`, the byte-level BPE tokenizer.
-- `shipped_model`: `default_model_path()` and `wedlm-hf ship-default`.
+- `shipped_model`: `default_model_path()` and `wedlm-hf ship-default` (a Hub-style folder, remote code linked in).
+- `portable_paths`: how run records (`training_info.json`, `eval_results.json`) name files, machine-independently.
 
 Public to other wings: `default_model_path`, `offline_mix`, `task_items`, `FAMILIES`, `TRAIN_TASK_SEED`,
-`EVAL_TASK_SEED`, `stdlib_texts` (training reads the mix, evaluation the held-out items). Imports no other wing.
+`EVAL_TASK_SEED`, `stdlib_texts` (training reads the mix, evaluation the held-out items), `portable_path` (training
+and evaluation records). Imports the Hub wing's `AUTO_MAP` and `check_safetensors` (ship-default).
 """
 
 from .offline_mix import EVAL_TASK_SEED, TRAIN_TASK_SEED, offline_mix
+from .portable_paths import portable_path
 from .shipped_model import default_model_path
 from .stdlib_corpus import stdlib_texts
 from .synthetic_tasks import FAMILIES, task_items
@@ -21,6 +24,7 @@ __all__ = [
     "TRAIN_TASK_SEED",
     "default_model_path",
     "offline_mix",
+    "portable_path",
     "stdlib_texts",
     "task_items",
 ]

@@ -15,7 +15,15 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
-from ..data import EVAL_TASK_SEED, FAMILIES, TRAIN_TASK_SEED, default_model_path, stdlib_texts, task_items
+from ..data import (
+    EVAL_TASK_SEED,
+    FAMILIES,
+    TRAIN_TASK_SEED,
+    default_model_path,
+    portable_path,
+    stdlib_texts,
+    task_items,
+)
 from ..modeling import WeDLMForCausalLM
 
 LOW_ENTROPY = ("counting", "copying")
@@ -153,7 +161,7 @@ def evaluate(
 
     report = {
         "settings": dict(
-            model=str(model_path),
+            model=portable_path(model_path),  # the record travels with the model: no local absolute path
             window_size=window_size,
             entropy_threshold=threshold,
             pos_penalty_factor=penalty,

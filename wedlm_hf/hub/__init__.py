@@ -4,10 +4,16 @@
 - `push`: `wedlm-hf push` and `WeDLMForCausalLM.push_to_hub` (attached here, not in the model file).
 - `model_card`: cards rendered from `model_cards/template.md` and the training / evaluation records.
 - `custom_generate`: `wedlm-hf custom-generate`, the decoding strategy as a Hub `custom_generate` method.
+- `safetensors_check`: a weight file is complete before anything copies or resumes from it.
 
-Public to other wings: nothing; the CLI calls the commands. Imports only the core.
+Public to other wings: `AUTO_MAP` (the data wing's shipped folder is Hub-style too) and `check_safetensors`
+(ship-default, resuming training); the CLI calls the commands. Imports only the core.
 """
 
+from .export import AUTO_MAP
 from .push import attach_push_to_hub
+from .safetensors_check import check_safetensors
 
 attach_push_to_hub()
+
+__all__ = ["AUTO_MAP", "check_safetensors"]

@@ -3,10 +3,18 @@
 `export_checkpoint` also re-exports a released-style WeDLM checkpoint (`model_type: "wedlm"`, the authors' remote
 code, `mask_token_id: null`) with this project's code: the weight files are copied byte for byte, the config gains
 the mask id and our `auto_map`, and the authors' code files are left behind.
+
+An export is written into a temporary sibling folder and moved into place when complete, so an interrupted export
+never looks finished. A destination that already holds files is refused unless `overwrite=True` (`--overwrite`);
+then the earlier checkpoint's weights and indexes are removed first, so no stale weight file can shadow the new ones
+(a sharded export over a single-file one would otherwise load the old `model.safetensors`), and `config.json` is
+moved in last, so a folder interrupted midway has none and loads as nothing.
 """
 
 import json
+import os
 import shutil
+import uuid
 from pathlib import Path
 
 from transformers.dynamic_module_utils import get_relative_import_files
@@ -14,6 +22,7 @@ from transformers.dynamic_module_utils import get_relative_import_files
 from .. import modeling
 from ..modeling import STRATEGIES, WEDLM_GENERATION_DEFAULTS, WeDLMConfig
 from .model_card import load_json, render_model_card
+from .safetensors_check import check_safetensors
 
 RELEASED_QWEN_MASK_TOKEN_ID = 151665  # what the authors' engine and training code use when the config gives none
 AUTO_MAP = {
@@ -33,6 +42,13 @@ TOKENIZER_FILES = (
 )
 MODELING_DIR = Path(modeling.__file__).parent
 RECORDS = ("training_info.json", "eval_results.json")  # what model cards quote
+# The weights of any earlier checkpoint in an overwritten destination: transformers would read them before ours.
+STALE_WEIGHTS = (
+    "model*.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def remote_code_files() -> list[Path]:
@@ -56,9 +72,9 @@ def weight_files(folder: Path) -> list[Path]:
             raise FileNotFoundError(
                 f"{folder} is missing weight shards {missing} named in model.safetensors.index.json."
             )
-        return [index] + [folder / s for s in shards]
+        return [index] + [check_safetensors(folder / s) for s in shards]
     if (folder / "model.safetensors").exists():
-        return [folder / "model.safetensors"]
+        return [check_safetensors(folder / "model.safetensors")]
     raise FileNotFoundError(
         f"{folder} has no safetensors weights (model.safetensors or model.safetensors.index.json): load the model and "
         "save it with save_pretrained(..., safe_serialization=True) first."
@@ -140,6 +156,7 @@ def export_checkpoint(
     base_model: str | None = None,
     summary: str | None = None,
     recipe: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     src, dst = Path(source), Path(destination)
     if not (src / "config.json").exists():
@@ -159,25 +176,55 @@ def export_checkpoint(
 
     if dst.resolve() == src.resolve():
         raise ValueError("`wedlm-hf export` needs a destination different from the source folder.")
-    dst.mkdir(parents=True, exist_ok=True)
-    for path in weights:
-        shutil.copyfile(path, dst / path.name)
-    for path in remote_code_files():
-        shutil.copyfile(path, dst / path.name)
-    for name in TOKENIZER_FILES + RECORDS:
-        if (src / name).exists():
-            shutil.copyfile(src / name, dst / name)
-    (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (dst / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
-    write_card(
-        dst,
-        dst / "README.md",
-        repo_id=repo_id or dst.name,
-        base_model=base_model,
-        recipe=recipe,
-        summary=summary or "A WeDLM checkpoint packaged by wedlm-hf with its remote code.",
-    )
+    if dst.exists() and not dst.is_dir():
+        raise FileExistsError(f"{dst} is a file, not a folder: choose another destination for `wedlm-hf export`.")
+    occupied = dst.is_dir() and any(dst.iterdir())
+    if occupied and not overwrite:
+        raise FileExistsError(
+            f"{dst} already holds files: export into a new or empty folder, or pass --overwrite (overwrite=True) to "
+            "replace the checkpoint there (its earlier weight files are removed; other files stay)."
+        )
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = dst.parent / f".{dst.name}.export-{uuid.uuid4().hex[:8]}"  # same file system: moves are renames
+    staging.mkdir()
+    try:
+        for path in weights:
+            shutil.copyfile(path, staging / path.name)
+        for path in remote_code_files():
+            shutil.copyfile(path, staging / path.name)
+        for name in TOKENIZER_FILES + RECORDS:
+            if (src / name).exists():
+                shutil.copyfile(src / name, staging / name)
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+        write_card(
+            staging,
+            staging / "README.md",
+            repo_id=repo_id or dst.name,
+            base_model=base_model,
+            recipe=recipe,
+            summary=summary or "A WeDLM checkpoint packaged by wedlm-hf with its remote code.",
+        )
+        if occupied:
+            _replace_checkpoint(staging, dst)
+        else:
+            if dst.is_dir():
+                dst.rmdir()
+            os.replace(staging, dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return dst
+
+
+def _replace_checkpoint(staging: Path, dst: Path) -> None:
+    """Moves a finished export into an occupied folder: its config goes first and comes back last (a folder
+    interrupted midway has no config.json, so nothing loads half of it); earlier weights go before new ones come."""
+    (dst / "config.json").unlink(missing_ok=True)
+    for pattern in STALE_WEIGHTS:
+        for stale in dst.glob(pattern):
+            stale.unlink()
+    for path in sorted(staging.iterdir(), key=lambda p: p.name == "config.json"):
+        os.replace(path, dst / path.name)
 
 
 def export_command(args) -> None:
@@ -191,6 +238,7 @@ def export_command(args) -> None:
         base_model=args.base_model,
         summary=args.summary,
         recipe=recipe,
+        overwrite=args.overwrite,
     )
     print(f"Hub-ready checkpoint written to {out}")
 

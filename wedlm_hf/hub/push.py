@@ -2,21 +2,59 @@
 
 Both upload one folder holding weights, config with `auto_map`, remote code, generation config, tokenizer and
 model card, through `huggingface_hub.HfApi`. The repo name and the token are checked first, with errors that say
-what to do.
+what to do; a Hub that cannot be reached (no network, offline mode) ends in an error that says so, not in the
+HTTP client's raw exception.
 """
 
+import importlib
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
 from huggingface_hub import HfApi, get_token
+from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from ..modeling import WeDLMForCausalLM
 from .export import TOKENIZER_FILES, remote_code_files, weight_files, write_card
 
 REPO_ID = re.compile(r"^([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 HUB_FILES = ("config.json", "generation_config.json", "README.md")
+
+
+def network_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean the Hub was not reached: socket errors (refused, reset, timed out, unknown host) and the
+    transport errors of whichever HTTP client huggingface_hub uses. Not HTTP answers, nor local file errors."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError, socket.gaierror]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError")):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+class HubUnreachableError(ConnectionError):
+    """The Hub could not be reached; the message says why and what to do."""
+
+
+def reach_hub(api: HfApi, call, *args, **kwargs):
+    """`call(*args, **kwargs)`, with a failure to reach the Hub turned into an error that names the network problem."""
+    try:
+        return call(*args, **kwargs)
+    except HfHubHTTPError:
+        raise  # the Hub answered (401, 404, ...): its message already says what is wrong
+    except OfflineModeIsEnabled as error:
+        raise HubUnreachableError(
+            "HF_HUB_OFFLINE is set, so nothing can be uploaded: unset it (`unset HF_HUB_OFFLINE`) and push again."
+        ) from error
+    except network_errors() as error:
+        raise HubUnreachableError(
+            f"Could not reach the Hugging Face Hub at {api.endpoint} ({type(error).__name__}: {error}): check the "
+            "network connection (and HF_ENDPOINT or a proxy, if set), then push again; a repeated upload is safe, "
+            "files already on the Hub are not sent twice."
+        ) from error
 
 
 def check_repo_id(repo_id: str | None) -> str:
@@ -67,8 +105,10 @@ def push_folder(
     token = check_token(token)
     check_hub_folder(path)
     api = HfApi(token=token)
-    repo = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    return api.upload_folder(
+    repo = reach_hub(api, api.create_repo, repo_id, private=private, exist_ok=True, repo_type="model")
+    return reach_hub(
+        api,
+        api.upload_folder,
         folder_path=str(path),
         repo_id=repo.repo_id,
         repo_type="model",

@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from ..modeling import WeDLMConfig, WeDLMForCausalLM
 
 _FAMILIES = ("qwen2", "qwen3", "llama")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def wedlm_config_from(config, mask_token_id: int | None = None) -> WeDLMConfig:
@@ -36,8 +37,31 @@ def wedlm_config_from(config, mask_token_id: int | None = None) -> WeDLMConfig:
     return WeDLMConfig(**values)
 
 
+def check_source(source: Path) -> None:
+    """A local checkpoint folder with its config and tokenizer; otherwise transformers would answer with a message
+    about Hub model ids."""
+    if not source.exists():
+        raise FileNotFoundError(
+            f"{source}: no such folder; `wedlm-hf convert` takes a local checkpoint folder (download Hub models first, "
+            "e.g. with `hf download ORG/NAME --local-dir DIR`)."
+        )
+    if not source.is_dir():
+        raise NotADirectoryError(f"{source} is a file: give `wedlm-hf convert` the checkpoint folder that holds it.")
+    if not (source / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{source} has no config.json: give `wedlm-hf convert` a transformers checkpoint folder (config.json, "
+            "weights, tokenizer), e.g. one written by save_pretrained."
+        )
+    if not any((source / name).is_file() for name in _TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{source} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): save the tokenizer into the folder "
+            "too (tokenizer.save_pretrained(folder))."
+        )
+
+
 def convert_ar_checkpoint(source: str, destination: str, mask_token: str = "<|mask|>") -> Path:
     """Writes config, weights (safetensors), generation config and tokenizer of the WeDLM version of `source`."""
+    check_source(Path(source))
     config = AutoConfig.from_pretrained(source)
     tokenizer = AutoTokenizer.from_pretrained(source)
     ar_model = AutoModelForCausalLM.from_pretrained(source, dtype=config.dtype or torch.float32)

@@ -1,22 +1,30 @@
 """`wedlm-hf train`: dual-stream training with the stock transformers Trainer.
 
 The model computes the WeDLM loss itself from a `DualStreamCollator` batch, so Trainer needs no custom loop; the
-small subclass here only adds the two halves of the loss (ar_loss, mlm_loss) to the periodic logs. Progress bar,
-checkpoints, resume, seeding and multi-process runs (`accelerate launch`) are Trainer's own.
+small subclass here adds the two halves of the loss (ar_loss, mlm_loss) to the periodic logs and makes checkpoints
+appear whole (`checkpoints.py`), so `--resume` after a crash continues from the newest complete one. Progress bar,
+seeding and multi-process runs (`accelerate launch`) are Trainer's own. Options that make no sense (0 steps, a
+negative learning rate, ...) and malformed data files are refused before anything is loaded, naming what to fix.
 """
 
 import json
+import math
 import os
+import shutil
 from pathlib import Path
 
 import torch
 import transformers
 from torch.utils.data import Dataset
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments, set_seed
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..data import offline_mix
+from ..data import offline_mix, portable_path
 from ..modeling import WeDLMConfig, WeDLMForCausalLM
+from .checkpoints import FINAL_STAGING, STAGING, last_complete_checkpoint, publish, remove_crash_leftovers, rotate
 from .dual_stream_collator import DualStreamCollator
+
+RECORD_KEYS = ({"text"}, {"prompt", "completion"})  # the two shapes of a .jsonl training record
 
 
 class IndexedSamples(Dataset):
@@ -46,6 +54,7 @@ class WeDLMTrainer(Trainer):
     """Trainer that also logs the next-token (ar_loss) and masked (mlm_loss) halves of the WeDLM loss."""
 
     def __init__(self, *args, **kwargs):
+        self._staging = False
         super().__init__(*args, **kwargs)
         self._parts: list[tuple[float, float]] = []
 
@@ -62,11 +71,85 @@ class WeDLMTrainer(Trainer):
             self._parts.clear()
         super().log(logs, *args, **kwargs)
 
+    def _get_output_dir(self, trial) -> str:
+        run_dir = super()._get_output_dir(trial)
+        return os.path.join(run_dir, STAGING) if self._staging else run_dir
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """Trainer's own save, redirected into the staging folder; then one rename publishes `checkpoint-N`."""
+        run_dir = Path(self._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        self._staging = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging = False
+        self.accelerator.wait_for_everyone()  # every process has written its RNG state into the staged folder
+        if self.args.should_save:
+            publish(run_dir / STAGING / name, run_dir / name)
+            rotate(run_dir, self.args.save_total_limit)
+            shutil.rmtree(run_dir / STAGING, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+
+
+def check_options(
+    max_steps: int,
+    batch_size: int,
+    grad_accum: int,
+    seq_len: int,
+    block_size: int,
+    save_steps: int,
+    logging_steps: int,
+    items_per_family: int,
+    learning_rate: float,
+    warmup_ratio: float,
+    weight_decay: float,
+) -> None:
+    """Refuses option values Trainer would silently reinterpret (`max_steps` 0 trains one step, -1 three epochs)
+    or that cannot train at all; the message names every bad option."""
+    problems = [
+        f"{option} must be at least 1 (got {value})"
+        for option, value in (
+            ("--max-steps", max_steps),
+            ("--batch-size", batch_size),
+            ("--grad-accum", grad_accum),
+            ("--block-size", block_size),
+            ("--save-steps", save_steps),
+            ("--logging-steps", logging_steps),
+            ("--items-per-family", items_per_family),
+        )
+        if value < 1
+    ]
+    if seq_len < 2:
+        problems.append(f"--seq-len must be at least 2 tokens (got {seq_len}): a sample predicts its next token")
+    if not (learning_rate > 0 and math.isfinite(learning_rate)):
+        problems.append(f"--lr must be a positive number (got {learning_rate})")
+    if not 0 <= warmup_ratio < 1:
+        problems.append(f"--warmup-ratio is a share of --max-steps in [0, 1) (got {warmup_ratio})")
+    if not (weight_decay >= 0 and math.isfinite(weight_decay)):
+        problems.append(f"--weight-decay must be 0 or more (got {weight_decay})")
+    if problems:
+        raise ValueError("wedlm-hf train: " + "; ".join(problems) + ".")
+
+
+def _local(option: str, path: str, what: str) -> str:
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{option} {path}: no such {what}; give the path of a local {what}.")
+    return path
+
 
 def load_model_and_tokenizer(model: str | None, config: str | None, tokenizer: str | None):
     """A WeDLM checkpoint (`model`), or a new model from a config JSON (`config`) sized to `tokenizer`."""
     if (model is None) == (config is None):
         raise ValueError("Pass exactly one of --model (a WeDLM checkpoint) or --config (a config JSON, from scratch).")
+    if model is not None:
+        _local("--model", model, "checkpoint folder")
+    else:
+        _local("--config", config, "config JSON file")
+        if tokenizer is None:
+            raise ValueError("--config trains from scratch and needs --tokenizer FOLDER (e.g. from train-tokenizer).")
+    if tokenizer is not None:
+        _local("--tokenizer", tokenizer, "tokenizer folder")
     tok = AutoTokenizer.from_pretrained(tokenizer or model)
     if tok.mask_token_id is None:
         raise ValueError(
@@ -84,24 +167,68 @@ def load_model_and_tokenizer(model: str | None, config: str | None, tokenizer: s
     return WeDLMForCausalLM(WeDLMConfig(**values)), tok
 
 
-def load_texts(paths: list[str], tokenizer, seq_len: int) -> list[dict]:
-    """Samples from .txt files (one document each) and .jsonl files ({"text"} or {"prompt", "completion"})."""
-    samples = []
+def check_data_paths(paths: list[str]) -> None:
+    """`offline-mix` alone, or existing .txt / .jsonl files."""
+    if "offline-mix" in paths and len(paths) > 1:
+        raise ValueError("--data offline-mix is the whole built-in mix: do not combine it with files.")
+    if paths == ["offline-mix"]:
+        return
     for path in map(Path, paths):
-        if path.suffix == ".jsonl":
-            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        elif path.suffix == ".txt":
-            records = [{"text": path.read_text()}]
-        else:
+        if path.suffix not in (".txt", ".jsonl"):
             raise ValueError(f"--data {path}: use .txt or .jsonl files (or 'offline-mix').")
-        for record in records:
+        if not path.is_file():
+            raise FileNotFoundError(f"--data {path}: no such file; give existing .txt or .jsonl files.")
+
+
+def read_records(path: Path) -> list[tuple[int, dict]]:
+    """(line number, record) of a .jsonl file; a malformed line or record is an error naming file and line."""
+    records = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}, line {number}, column {error.colno}: not valid JSON ({error.msg}); each line of a "
+                    ".jsonl file must be one JSON object."
+                ) from None
+            where = f"{path}, line {number}"
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: a record is a JSON object, got {type(record).__name__}.")
+            keys = set(record)
+            if keys not in RECORD_KEYS:
+                unknown = sorted(keys - set().union(*RECORD_KEYS))
+                found = f"unknown key(s) {', '.join(unknown)}" if unknown else f"keys {', '.join(sorted(keys))}"
+                raise ValueError(
+                    f'{where}: {found}; a record is {{"text": ...}} or {{"prompt": ..., "completion": ...}}.'
+                )
+            for key, value in record.items():
+                if not isinstance(value, str):
+                    raise ValueError(f'{where}: "{key}" must be a string, got {type(value).__name__}.')
+            records.append((number, record))
+    return records
+
+
+def load_texts(paths: list[str], tokenizer, seq_len: int, log=print) -> list[dict]:
+    """Samples from .txt files (one document each) and .jsonl files ({"text"} or {"prompt", "completion"})."""
+    check_data_paths(paths)
+    samples, short = [], []
+    for path in map(Path, paths):
+        records = read_records(path) if path.suffix == ".jsonl" else [(None, {"text": path.read_text()})]
+        for number, record in records:
             prompt = tokenizer(record.get("prompt", ""), add_special_tokens=False)["input_ids"]
             body = tokenizer(record.get("completion", record.get("text", "")), add_special_tokens=False)["input_ids"]
             ids = (prompt + body + [tokenizer.eos_token_id])[:seq_len]
             if len(ids) >= 2:
                 samples.append({"input_ids": ids, "prompt_mask": ([1] * len(prompt) + [0] * len(ids))[: len(ids)]})
+            else:
+                short.append(f"{path}" + (f", line {number}" if number else ""))
+    if short:
+        log(f"skipped {len(short)} empty record(s) (under 2 tokens with the end token): {', '.join(short[:5])}")
     if not samples:
-        raise ValueError(f"--data {paths}: no samples of at least 2 tokens.")
+        raise ValueError(f"--data {' '.join(paths)}: no samples of at least 2 tokens.")
     return samples
 
 
@@ -128,6 +255,24 @@ def train(
 ) -> Path:
     """Runs training; returns the folder of the final model (with tokenizer and `training_info.json`)."""
     arguments = {k: v for k, v in locals().items()}
+    # The record travels with the model (into the package, onto the Hub): paths are kept machine-independent.
+    for key in ("output_dir", "model", "config", "tokenizer"):
+        arguments[key] = portable_path(arguments[key])
+    arguments["data"] = data if data == ["offline-mix"] else [portable_path(path) for path in data]
+    check_options(
+        max_steps=max_steps,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        seq_len=seq_len,
+        block_size=block_size,
+        save_steps=save_steps,
+        logging_steps=logging_steps,
+        items_per_family=items_per_family,
+        learning_rate=learning_rate,
+        warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay,
+    )
+    check_data_paths(data)
     final = Path(output_dir) / "final"
     if resume and (final / "training_info.json").exists():
         done = json.loads((final / "training_info.json").read_text())["arguments"]
@@ -137,6 +282,11 @@ def train(
     set_seed(seed)
     net, tok = load_model_and_tokenizer(model, config, tokenizer)
     net.config._attn_implementation = attn_implementation
+    if seq_len > net.config.max_position_embeddings:
+        raise ValueError(
+            f"--seq-len {seq_len} exceeds the model's max_position_embeddings ({net.config.max_position_embeddings}):"
+            " use a shorter --seq-len."
+        )
     if data == ["offline-mix"]:
         dataset = offline_mix(tok, seq_len, items_per_family)
     else:
@@ -173,12 +323,18 @@ def train(
         data_collator=collator,
         callbacks=[MaskingEpoch(collator)],
     )
-    has_checkpoint = resume and any(p.name.startswith("checkpoint-") for p in Path(output_dir).glob("checkpoint-*"))
-    result = trainer.train(resume_from_checkpoint=True if has_checkpoint else None)
+    checkpoint = last_complete_checkpoint(output_dir) if resume else None
+    trainer.accelerator.wait_for_everyone()  # every process chose before leftovers are removed
+    if trainer.is_world_process_zero():
+        remove_crash_leftovers(output_dir, checkpoint)
+    trainer.accelerator.wait_for_everyone()
+    result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     if trainer.is_world_process_zero():
         trainer.save_state()
-        trainer.save_model(str(final))
-        tok.save_pretrained(final)
+        staged = Path(output_dir) / FINAL_STAGING  # like checkpoints, the final folder appears whole
+        shutil.rmtree(staged, ignore_errors=True)
+        trainer.save_model(str(staged))
+        tok.save_pretrained(staged)
         losses = [entry for entry in trainer.state.log_history if "loss" in entry]
         info = {
             "arguments": arguments,
@@ -186,7 +342,7 @@ def train(
             "parameters": sum(p.numel() for p in net.parameters()),
             "processes": trainer.args.world_size,
             "train_runtime_s": result.metrics.get("train_runtime"),
-            "resumed": bool(has_checkpoint),
+            "resumed": checkpoint is not None,
             "last_logged": losses[-1] if losses else None,
             "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -194,7 +350,8 @@ def train(
         previous = Path(model) / "training_info.json" if model else None
         if previous is not None and previous.exists():
             info["continued_from"] = json.loads(previous.read_text())
-        (final / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        (staged / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        publish(staged, final)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         trainer.accelerator.wait_for_everyone()
     return final

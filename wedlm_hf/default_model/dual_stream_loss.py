@@ -1,0 +1,1 @@
+../modeling/dual_stream_loss.py

@@ -1,0 +1,1 @@
+../modeling/generation_wedlm.py

@@ -1,0 +1,1 @@
+../modeling/ragged_cache.py

@@ -1,0 +1,1 @@
+../modeling/streaming_decoder.py

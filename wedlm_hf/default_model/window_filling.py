@@ -1,0 +1,1 @@
+../modeling/window_filling.py
