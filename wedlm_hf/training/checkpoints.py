@@ -5,8 +5,8 @@ Trainer writes `checkpoint-N` file by file in place, so a run killed while savin
 Here a checkpoint is written under `tmp-checkpoint/checkpoint-N` (every process adds its RNG state there), flushed
 to disk, and renamed to `checkpoint-N` by the main process; old checkpoints are renamed away before they are deleted.
 So a `checkpoint-N` folder is complete or absent, whenever the run is killed. Resuming takes the highest N whose
-files are all there and readable, and removes what a crash left behind: every `tmp-*` entry of the output folder,
-and incomplete checkpoints written without this protection.
+files are all there and readable, and removes what a crash left behind: the staging and to-be-deleted folders of
+our own saves (nothing else of the output folder), and incomplete checkpoints written without this protection.
 """
 
 import json
@@ -104,10 +104,12 @@ def last_complete_checkpoint(output_dir) -> Path | None:
 
 
 def remove_crash_leftovers(output_dir, resume_from: Path | None, log=print) -> None:
-    """Removes `tmp-*` leftovers and the incomplete checkpoints newer than `resume_from` (the resumed run writes
-    those steps again; left in place they would outrank complete checkpoints in the rotation)."""
+    """Removes the leftovers of our own saves (`tmp-checkpoint`, `tmp-final`, `tmp-old-*`) and the incomplete
+    checkpoints newer than `resume_from` (the resumed run writes those steps again; left in place they would outrank
+    complete checkpoints in the rotation)."""
     out = Path(output_dir)
-    for leftover in sorted(out.glob(LEFTOVER + "*")):
+    ours = [out / STAGING, out / FINAL_STAGING, *out.glob(LEFTOVER + "old-*")]  # only names this module makes
+    for leftover in sorted(p for p in ours if p.exists()):
         log(f"removing {leftover}, left by an interrupted save")
         if leftover.is_dir():
             shutil.rmtree(leftover)
