@@ -33,6 +33,8 @@ COMMANDS = {
     "ship-default": "data.shipped_model:ship_default_command",
     "push": "hub.push:push_command",
     "custom-generate": "hub.custom_generate:custom_generate_command",
+    "serve": "serving.server:serve_command",
+    "bench-serve": "serving.bench_serve:bench_serve_command",
 }
 
 
@@ -131,6 +133,26 @@ def build_parser() -> argparse.ArgumentParser:
     cg = sub.add_parser("custom-generate", help="write the decoding strategy as a Hub custom_generate repository")
     cg.add_argument("destination")
     cg.add_argument("--repo-id", default="wedlm-hf/wedlm-decoding", help="Hub name used in its README")
+
+    srv = sub.add_parser("serve", help="OpenAI-compatible server: WeDLM decoding, continuous batching, playground")
+    srv.add_argument("--model", default=None, help="checkpoint folder or Hub id (default: the shipped model)")
+    srv.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--max-batch-size", type=int, default=16, help="rows decoded together (16)")
+    srv.add_argument("--max-queue", type=int, default=64, help="requests waiting to join; beyond: 429 (64)")
+    srv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    srv.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    srv.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds running requests get at exit")
+
+    bs = sub.add_parser("bench-serve", help="concurrent streaming clients: serve vs batch size 1 vs transformers serve")
+    bs.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
+    bs.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16], help="concurrency levels (1 4 16)")
+    bs.add_argument("--requests", type=int, default=2, help="requests per client at each level (2)")
+    bs.add_argument("--max-tokens", type=int, default=64)
+    bs.add_argument("--servers", nargs="+", default=["wedlm", "wedlm-b1", "tf", "tf-cb"], help="which to run")
+    bs.add_argument("--transformers-serve-python", default=None, help="python with transformers>=5.24 for tf, tf-cb")
+    bs.add_argument("--threads", type=int, default=1, help="torch threads of every server (1)")
+    bs.add_argument("--json", default=None, help="also write the measurements to this file")
     return parser
 
 
