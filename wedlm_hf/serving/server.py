@@ -65,4 +65,7 @@ def serve_command(args) -> None:
         f"max batch size {args.max_batch_size}, max queue {args.max_queue}",
         flush=True,
     )
-    ServingServer(engine, args.host, args.port, args.shutdown_timeout).run()
+    try:
+        ServingServer(engine, args.host, args.port, args.shutdown_timeout).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it handled; the shutdown is already complete
+        pass
