@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--servers", nargs="+", default=["wedlm", "wedlm-b1", "tf", "tf-cb"], help="which to run")
     bs.add_argument("--transformers-serve-python", default=None, help="python with transformers>=5.24 for tf, tf-cb")
     bs.add_argument("--threads", type=int, default=1, help="torch threads of every server (1)")
+    bs.add_argument("--device", default="cpu", help="device of every server (cpu)")
     bs.add_argument("--json", default=None, help="also write the measurements to this file")
     return parser
 

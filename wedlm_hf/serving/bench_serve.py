@@ -209,14 +209,22 @@ class ServerProcess:
         self._log_file.close()
 
 
-def server_command(kind: str, port: int, model_dir: str, stock_dir: str | None, tf_python: str | None, threads: int):
+def server_command(
+    kind: str,
+    port: int,
+    model_dir: str,
+    stock_dir: str | None,
+    tf_python: str | None,
+    threads: int,
+    device: str = "cpu",
+) -> list[str]:
     if kind in ("wedlm", "wedlm-b1"):
         batch = "16" if kind == "wedlm" else "1"
         command = [sys.executable, "-m", "wedlm_hf.cli", "serve", "--port", str(port), "--max-batch-size", batch]
-        return command + ["--threads", str(threads), "--model", model_dir]
+        return command + ["--threads", str(threads), "--model", model_dir, "--device", device]
     launcher = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
     command = [tf_python, "-c", launcher, "serve", stock_dir, "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--device", "cpu"]
+    command += ["--device", device]
     if kind == "tf-cb":  # on CPU the paged cache must be sized by hand, or it claims ~90% of RAM
         command += ["--continuous-batching", "--cb-num-blocks", "64", "--cb-max-batch-tokens", "512"]
     return command
@@ -230,9 +238,13 @@ def bench_serve(
     max_tokens: int = 64,
     transformers_serve_python: str | None = None,
     threads: int = 1,
+    device: str = "cpu",
     print_fn=print,
 ) -> list[LevelResult]:
     from transformers import AutoTokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
 
     from ..data import default_model_path
 
@@ -261,7 +273,7 @@ def bench_serve(
             stock_dir = str(save_stock_qwen3(model_dir, Path(scratch) / "qwen3-stock"))
         for kind in wanted:
             port = free_port()
-            command = server_command(kind, port, model_dir, stock_dir, transformers_serve_python, threads)
+            command = server_command(kind, port, model_dir, stock_dir, transformers_serve_python, threads, device)
             server = ServerProcess(command, port, Path(scratch) / f"{kind}.log", threads)
             try:
                 server.wait_ready()
@@ -323,6 +335,7 @@ def bench_serve_command(args) -> None:
             max_tokens=args.max_tokens,
             transformers_serve_python=args.transformers_serve_python,
             threads=args.threads,
+            device=args.device,
         )
     except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"wedlm-hf bench-serve: {exc}") from None
