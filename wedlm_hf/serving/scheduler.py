@@ -200,7 +200,9 @@ class Scheduler:
                 self._fail(job, 503, "The server is shutting down; the request was not started. Retry later.")
 
     def _drop_cancelled(self) -> None:
-        for job in [job for job in list(self._jobs) if job.cancelled]:
+        with self._lock:  # `submit` adds jobs from the event loop's thread
+            cancelled = [job for job in self._jobs if job.cancelled]
+        for job in cancelled:
             self._end(job, "cancelled")
 
     def _cancel_after_grace(self) -> None:
