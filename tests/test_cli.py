@@ -197,3 +197,12 @@ def test_console_script_exit_status_and_stderr(tmp_path):
     )
     assert result.returncode == 2 and result.stdout == ""
     assert_one_line_error(result.stderr, "generate", f"no folder {tmp_path / 'gone'}")
+
+
+def test_serve_names_a_missing_model_folder(capsys):
+    """`serve --model` also takes Hub ids, so a missing folder is caught when the server loads, in one line."""
+    pytest.importorskip("fastapi")
+    status, _, err = run_console(capsys, "serve", "--model", "/nonexistent")
+    assert status == 1
+    assert_one_line_error(err, "serve", "--model /nonexistent: no such folder")
+    assert "Repo id must use" not in err

@@ -4,10 +4,11 @@ Parsing imports neither torch nor transformers, so `--help` answers at once; a s
 only when that command runs.
 
 Error policy (`console`, the installed `wedlm-hf` script): a mistake in what the user typed or pointed at
-(ValueError, OSError such as FileNotFoundError, an argparse error) is ONE line on stderr,
-`wedlm-hf CMD: error: what is wrong and what to do`, and exit status 2 (arguments) or 1 (everything else); Ctrl-C
-is `wedlm-hf CMD: interrupted` and status 130. Any other exception is a bug and keeps its traceback. `--debug` (or
-WEDLM_HF_DEBUG=1) shows the traceback of every error. `main(argv)`, for Python callers and tests, raises as usual.
+(ValueError, OSError such as FileNotFoundError, an ImportError of a missing optional extra, an argparse error) is
+ONE line on stderr, `wedlm-hf CMD: error: what is wrong and what to do`, and exit status 2 (arguments) or 1
+(everything else); Ctrl-C is `wedlm-hf CMD: interrupted` and status 130. Any other exception is a bug and keeps its
+traceback. `--debug` (or WEDLM_HF_DEBUG=1) shows the traceback of every error. `main(argv)`, for Python callers and
+tests, raises as usual.
 """
 
 import argparse
@@ -30,6 +31,8 @@ COMMANDS = {
     "ship-default": "data.shipped_model:ship_default_command",
     "push": "hub.push:push_command",
     "custom-generate": "hub.custom_generate:custom_generate_command",
+    "serve": "serving.server:serve_command",
+    "bench-serve": "serving.bench_serve:bench_serve_command",
 }
 
 
@@ -309,6 +312,52 @@ def build_parser() -> argparse.ArgumentParser:
     cg = command("custom-generate", "write the decoding strategy as a Hub custom_generate repository")
     cg.add_argument("destination", help="folder to write the repository to")
     cg.add_argument("--repo-id", default="wedlm-hf/wedlm-decoding", help="Hub name used in its README")
+
+    srv = command("serve", "OpenAI-compatible server: WeDLM decoding, continuous batching, playground")
+    srv.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR_OR_HUB_ID",
+        help="checkpoint folder or Hub id (default: the shipped model)",
+    )
+    srv.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=non_negative_int, default=8000, help="TCP port (0: any free one)")
+    srv.add_argument("--max-batch-size", type=positive_int, default=16, help="rows decoded together")
+    srv.add_argument("--max-queue", type=positive_int, default=64, help="requests waiting to join; beyond: 429")
+    srv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    srv.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    srv.add_argument(
+        "--shutdown-timeout", type=non_negative_float, default=10.0, help="seconds running requests get at exit"
+    )
+
+    bs = command("bench-serve", "concurrent streaming clients: serve vs batch size 1 vs transformers serve")
+    bs.add_argument(
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: the shipped one)",
+    )
+    bs.add_argument("--clients", type=positive_int, nargs="+", default=[1, 4, 16], help="concurrency levels")
+    bs.add_argument("--requests", type=positive_int, default=2, help="requests per client at each level")
+    bs.add_argument("--max-tokens", type=positive_int, default=64, help="max_tokens of every request")
+    bs.add_argument(
+        "--servers",
+        nargs="+",
+        default=["wedlm", "wedlm-b1", "tf", "tf-cb"],
+        choices=["wedlm", "wedlm-b1", "tf", "tf-cb"],
+        help="which servers to run",
+    )
+    bs.add_argument(
+        "--transformers-serve-python",
+        type=existing_file,
+        default=None,
+        metavar="PYTHON",
+        help="a python with transformers>=5.24 for tf and tf-cb (default: those rows are skipped)",
+    )
+    bs.add_argument("--threads", type=positive_int, default=1, help="torch threads of every server")
+    bs.add_argument("--device", default="cpu", help="device of every server")
+    bs.add_argument("--json", default=None, metavar="FILE", help="also write the measurements to this file")
     return parser
 
 
@@ -340,7 +389,7 @@ def console(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, ImportError) as error:  # ImportError: an optional extra is not installed
         print(f"{prog}: error: {_one_line(error)}", file=sys.stderr)
         return 1
     except SystemExit as exit_:

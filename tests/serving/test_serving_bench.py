@@ -1,0 +1,45 @@
+"""`wedlm-hf bench-serve` smoke test: the real command with servers (a) and (b) at tiny sizes (not a timing test)."""
+
+import json
+
+import pytest
+from live_server import MODEL_ID, LiveServer
+
+from wedlm_hf.cli import main as cli
+from wedlm_hf.serving.bench_serve import bench_prompts, percentile, run_level, server_command
+
+
+def test_clients_measure_a_live_server():
+    with LiveServer() as server:
+        result = run_level(
+            server.url, MODEL_ID, clients=3, requests_per_client=2, prompts=bench_prompts(6), max_tokens=8
+        )
+        assert server.health()["completed"] == 6
+    assert result.requests == 6 and result.tokens_per_s > 0 and result.requests_per_s > 0
+    assert 0 < result.ttft_p50 <= result.latency_p50 <= result.latency_p95
+
+
+def test_prompts_percentiles_and_baseline_commands():
+    prompts = bench_prompts(4)
+    assert prompts[0].startswith("count from ") and prompts[1].startswith("copy: ") and prompts == bench_prompts(4)
+    assert percentile([4, 1, 3, 2], 50) == 2 and percentile(list(range(1, 21)), 95) == 19
+    cb = server_command("tf-cb", 9000, "m", "/stock", "/py/python", 1)
+    assert cb[0] == "/py/python" and "serve" in cb and "/stock" in cb and "--continuous-batching" in cb
+    assert "--max-batch-size" in server_command("wedlm-b1", 9000, "m", None, None, 1)
+
+
+def test_bench_serve_command_runs_serve_and_its_batch_size_1_twin(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    cli(
+        ["bench-serve", "--servers", "wedlm", "wedlm-b1", "--clients", "2", "--requests", "1", "--max-tokens", "8"]
+        + ["--json", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert "transformers serve" not in printed and "wedlm / wedlm-b1 output tokens/s at 2 clients" in printed
+    rows = json.loads(out.read_text())
+    assert [(r["server"], r["clients"], r["requests"]) for r in rows] == [("wedlm", 2, 2), ("wedlm-b1", 2, 2)]
+
+
+def test_bench_serve_refuses_unknown_servers():
+    with pytest.raises(SystemExit, match="Unknown server"):
+        cli(["bench-serve", "--servers", "vllm"])

@@ -1,0 +1,131 @@
+"""Request validation: what is honoured, what is accepted because it asks for the default, what is refused."""
+
+import pytest
+
+from wedlm_hf.serving.openai_schema import APIError, WeDLMOptions, parse_chat, parse_completion
+
+DEFAULTS = WeDLMOptions(window_size=16, entropy_threshold=0.4, pos_penalty_factor=0.02, lossless=False)
+
+
+def completion(**body):
+    return parse_completion({"prompt": "x", **body}, "m", DEFAULTS)
+
+
+def refused(parse, body, param: str | None, match: str | None = None):
+    with pytest.raises(APIError, match=match) as error:
+        parse(body, "m", DEFAULTS)
+    assert error.value.status == 400 and error.value.param == param
+    assert error.value.body()["error"]["type"] == "invalid_request_error"
+    return error.value
+
+
+def test_defaults_and_honoured_fields():
+    request = completion()
+    assert (request.n, request.max_tokens, request.stream, request.stop, request.wedlm) == (
+        1,
+        None,
+        False,
+        [],
+        DEFAULTS,
+    )
+    request = completion(
+        model="m",
+        max_tokens=5,
+        temperature=0.7,
+        top_p=0.9,
+        seed=3,
+        n=2,
+        stop="##",
+        stream=True,
+        stream_options={"include_usage": True},
+        user="me",
+        wedlm_window_size=8,
+        wedlm_entropy_threshold=None,
+        wedlm_pos_penalty_factor=0,
+        wedlm_lossless=True,
+    )
+    assert (request.max_tokens, request.temperature, request.top_p, request.seed, request.n) == (5, 0.7, 0.9, 3, 2)
+    assert request.stop == ["##"] and request.stream and request.include_usage
+    assert request.wedlm == WeDLMOptions(8, None, 0.0, True)
+
+
+def test_prompt_shapes():
+    assert completion(prompt=["a", "b"]).prompts == ["a", "b"]
+    assert completion(prompt=[1, 2, 3]).prompts == [[1, 2, 3]]
+    assert completion(prompt=[[1], [2, 3]]).prompts == [[1], [2, 3]]
+    for bad in ([], [1, "a"], [[]], {"text": "x"}, 3, [True]):
+        refused(parse_completion, {"prompt": bad}, "prompt")
+
+
+def test_default_values_of_unsupported_features_are_accepted():
+    request = completion(presence_penalty=0, frequency_penalty=0.0, logit_bias={}, echo=False, logprobs=None, best_of=1)
+    assert request.n == 1
+    assert completion(n=3, best_of=3).n == 3
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"logprobs": 0}, "logprobs"),  # 0 asks for the chosen token's log probability
+        ({"logprobs": 1}, "logprobs"),
+        ({"echo": True}, "echo"),
+        ({"best_of": 4}, "best_of"),
+        ({"suffix": "end"}, "suffix"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
+        ({"frequency_penalty": 1}, "frequency_penalty"),
+        ({"presence_penalty": False}, "presence_penalty"),
+        ({"top_k": 5}, "top_k"),
+        ({"wedlm_windowsize": 4}, "wedlm_windowsize"),
+        ({"wedlm_window_size": 1.5}, "wedlm_window_size"),
+        ({"wedlm_entropy_threshold": float("nan")}, "wedlm_entropy_threshold"),
+        ({"wedlm_pos_penalty_factor": float("inf")}, "wedlm_pos_penalty_factor"),
+        ({"wedlm_lossless": 1}, "wedlm_lossless"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"seed": 1.0}, "seed"),
+        ({"n": 17}, "n"),
+        ({"stop": ""}, "stop"),
+        ({"stop": [1]}, "stop"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
+        ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+        ({"user": 5}, "user"),
+    ],
+)
+def test_refused_fields_are_named(body, param):
+    error = refused(parse_completion, {"prompt": "x", **body}, param)
+    assert param in error.message or "log probabilities" in error.message
+
+
+def test_unknown_model_and_non_object_bodies():
+    error = refused(parse_completion, {"prompt": "x", "model": "gpt-4o"}, "model", "not served here")
+    assert error.code == "model_not_found"
+    for body in ([], "x", None, 3):
+        assert refused(parse_completion, body, None).code == "invalid_json"
+
+
+def test_chat_messages_and_token_limits():
+    request = parse_chat(
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                    "name": "u",
+                },
+            ],
+            "max_completion_tokens": 7,
+            "response_format": {"type": "text"},
+            "tools": None,
+        },
+        "m",
+        DEFAULTS,
+    )
+    assert request.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+    assert request.max_tokens == 7
+    user = [{"role": "user", "content": "x"}]
+    refused(parse_chat, {"messages": user, "max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens")
+    refused(parse_chat, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content")
+    refused(parse_chat, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role")
+    refused(parse_chat, {"messages": user, "response_format": {"type": "json_object"}}, "response_format")
+    refused(parse_chat, {"messages": user, "prompt": "x"}, "prompt")
+    refused(parse_completion, {"prompt": "x", "messages": user}, "messages")

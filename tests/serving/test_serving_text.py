@@ -1,0 +1,73 @@
+"""Incremental detokenisation and stop strings, on the shipped byte-level BPE tokenizer."""
+
+import random
+
+import pytest
+from live_server import shipped
+
+from wedlm_hf.serving.incremental_text import IncrementalText
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return shipped()[1]
+
+
+def stream(tokenizer, ids: list[int], stop=(), seed: int = 0) -> tuple[list[str], IncrementalText]:
+    """Feeds `ids` in random-sized commits, as decoder steps would; returns the released pieces."""
+    text = IncrementalText(tokenizer, list(stop))
+    rng = random.Random(seed)
+    pieces, i = [], 0
+    while i < len(ids) and not text.stopped:
+        n = rng.randint(1, 4)
+        pieces.append(text.add(ids[i : i + n]))
+        i += n
+    pieces.append(text.flush())
+    return pieces, text
+
+
+def test_random_token_streams_concatenate_to_the_full_decode(tokenizer):
+    rng = random.Random(0)
+    for seed in range(30):
+        ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randint(1, 60))]
+        pieces, _ = stream(tokenizer, ids, seed=seed)
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_multi_byte_characters_are_released_whole(tokenizer):
+    source = "naïve café: 世界 😀 ok\n"
+    ids = tokenizer(source).input_ids
+    assert len(ids) > len(source.split())  # characters are split over several byte tokens
+    text = IncrementalText(tokenizer)
+    pieces = [text.add([token]) for token in ids] + [text.flush()]
+    assert "".join(pieces) == source
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+def test_broken_bytes_at_the_end_come_out_as_the_full_decode_does(tokenizer):
+    ids = tokenizer("😀").input_ids[:-1]  # an emoji missing its last byte
+    pieces, _ = stream(tokenizer, ids)
+    assert "".join(pieces) == tokenizer.decode(ids) and pieces[-1].endswith("\ufffd")
+
+
+def test_stop_string_cuts_text_and_counts_tokens_through_the_completing_one(tokenizer):
+    ids = tokenizer(" 100 105 110 115 120 125").input_ids
+    pieces, text = stream(tokenizer, ids, stop=[" 115", "zz"])
+    assert "".join(pieces) == " 100 105 110"
+    assert text.stop_tokens == next(k for k in range(len(ids) + 1) if " 115" in tokenizer.decode(ids[:k]))
+
+
+def test_a_possible_stop_string_is_held_back_until_it_is_ruled_out(tokenizer):
+    head = tokenizer(" 115").input_ids
+    ids = tokenizer(" 115 120 1155").input_ids
+    assert ids[: len(head)] == head
+    text = IncrementalText(tokenizer, [" 1155"])
+    assert [text.add([token]) for token in head] == [""] * len(head)  # " 115" could still become " 1155"
+    released = "".join(text.add([token]) for token in ids[len(head) :])
+    assert released.startswith(" 115 120") and released + text.flush() == " 115 120"
+
+
+def test_stop_string_inside_a_multi_byte_run(tokenizer):
+    ids = tokenizer("abc 世界 def").input_ids
+    pieces, text = stream(tokenizer, ids, stop=["界"])
+    assert "".join(pieces) == "abc 世" and text.stopped

@@ -1,0 +1,23 @@
+"""Serving wing: `wedlm-hf serve`, an OpenAI-compatible server with WeDLM decoding and continuous batching.
+
+- `openai_schema`: request bodies in, validated `ParsedRequest` out; OpenAI-style error bodies.
+- `engine`: the served model: loading, prompt encoding, context limits, each choice's decoding settings.
+- `scheduler`: the one decoding loop that owns the model (continuous batching on one `StreamingDecoder`).
+- `incremental_text`: a row's tokens as text, piece by piece, cut at stop strings.
+- `responses`: OpenAI response bodies and stream chunks.
+- `app`: the FastAPI routes and the playground page (`playground.html`, `playground.js`).
+- `server`: uvicorn with a draining shutdown; `wedlm-hf serve`.
+- `bench_serve`, `stock_qwen3`: `wedlm-hf bench-serve` against batch size 1 and `transformers serve`.
+
+Imports the core and `default_model_path` from the data wing; nothing imports this wing.
+"""
+
+import importlib.util
+
+_MISSING = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+if _MISSING:
+    raise ImportError(
+        f"wedlm-hf serve needs {' and '.join(_MISSING)}: install them with pip install 'wedlm-hf[serve]'."
+    )
+
+__all__: list[str] = []

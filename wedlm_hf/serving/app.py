@@ -1,0 +1,220 @@
+"""The FastAPI application: OpenAI routes, server-sent events, the playground, health.
+
+Handlers never touch the model: they validate and tokenise a request, hand its choices to the scheduler's loop
+thread as a `Job`, and read the job's events from an asyncio queue that the loop thread feeds. A streamed response
+sends one chunk per commit and ends with `data: [DONE]`; when its client goes away Starlette cancels the
+generator and the `finally` cancels the job, whose rows the loop drops before its next step. A non-streamed
+request watches for the disconnect itself.
+"""
+
+import asyncio
+import json
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .engine import ServingEngine
+from .openai_schema import APIError, error_body, invalid, parse_chat, parse_completion
+from .responses import ResponseIds, chunk, full_body, sse, usage, usage_chunk
+from .scheduler import Delta, Failure, Finish, Job, QueueFull, ShuttingDown
+
+HERE = Path(__file__).resolve().parent
+RETRY_AFTER_SECONDS = 1
+_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def create_app(engine: ServingEngine) -> FastAPI:
+    """The app serving `engine`; its lifespan starts the decoding loop and stops it after the last response."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.scheduler.start()
+        yield
+        await asyncio.to_thread(engine.scheduler.stop)
+
+    # No /docs: FastAPI's docs page loads its scripts from a CDN, and the server promises to need none.
+    app = FastAPI(title="wedlm-hf serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse(error_body(message, "invalid_request_error"), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception):
+        body = error_body(f"Internal error ({type(exc).__name__}: {exc}); the server keeps running.", "server_error")
+        return JSONResponse(body, status_code=500)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground():
+        return HTMLResponse((HERE / "playground.html").read_text(encoding="utf-8"))
+
+    @app.get("/playground.js")
+    async def playground_script():
+        return Response((HERE / "playground.js").read_text(encoding="utf-8"), media_type="text/javascript")
+
+    @app.get("/health")
+    async def health():
+        scheduler = engine.scheduler
+        status = "ok" if scheduler.alive else "stopped"
+        body = {
+            "status": status,
+            "model": engine.model_id,
+            "max_batch_size": scheduler.max_batch_size,
+            "max_queue": scheduler.max_queue,
+            **scheduler.snapshot(),
+        }
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model_card(engine)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != engine.model_id:
+            raise APIError(404, f"The model {model_id!r} is not served here.", param="model", code="model_not_found")
+        return _model_card(engine)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _respond(engine, request, parse_completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _respond(engine, request, parse_chat)
+
+    return app
+
+
+def _model_card(engine: ServingEngine) -> dict:
+    return {"id": engine.model_id, "object": "model", "created": 0, "owned_by": "wedlm-hf"}
+
+
+async def _respond(engine: ServingEngine, request: Request, parse):
+    parsed = parse(await _json_body(request), engine.model_id, engine.defaults)
+    prompts = engine.encode(parsed)
+    choices = engine.choices(parsed, prompts)
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    job = Job(choices, emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+    try:
+        engine.scheduler.submit(job)
+    except QueueFull:
+        raise APIError(
+            429,
+            f"The server is at capacity ({engine.scheduler.max_queue} requests already waiting): retry after "
+            f"{RETRY_AFTER_SECONDS} s.",
+            code="queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        ) from None
+    except ShuttingDown:
+        raise APIError(503, "The server is shutting down.", code="shutting_down") from None
+    ids = ResponseIds(parsed.kind, engine.model_id)
+    tally = _Tally(prompts, parsed.n)
+    if parsed.stream:
+        stream = _stream(engine, job, events, ids, tally, parsed.include_usage)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=_STREAM_HEADERS)
+    return await _collect(engine, request, job, events, ids, tally)
+
+
+async def _json_body(request: Request):
+    raw = await request.body()
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid(None, f"The request body is not valid JSON ({exc}).", code="invalid_json") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+class _Tally:
+    """Per-choice text and finish reasons, and the request's usage."""
+
+    def __init__(self, prompts: list[list[int]], n: int):
+        self.count = len(prompts) * n
+        self.prompt_tokens = sum(len(p) for p in prompts)
+        self.texts = [[] for _ in range(self.count)]
+        self.finish: dict[int, str] = {}
+        self.completion_tokens = 0
+        self.forwards = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.finish) == self.count
+
+    def add(self, event) -> None:
+        if isinstance(event, Delta):
+            self.texts[event.choice].append(event.text)
+        elif isinstance(event, Finish):
+            self.finish[event.choice] = event.reason
+            self.completion_tokens += event.completion_tokens
+            self.forwards += event.forwards
+
+    def usage(self) -> dict:
+        return usage(self.prompt_tokens, self.completion_tokens, self.forwards)
+
+    def choices(self) -> list[dict]:
+        return [
+            {"index": i, "text": "".join(self.texts[i]), "finish_reason": self.finish[i]} for i in range(self.count)
+        ]
+
+
+async def _stream(
+    engine: ServingEngine, job: Job, events: asyncio.Queue, ids: ResponseIds, tally: _Tally, usage_: bool
+):
+    try:
+        if ids.kind == "chat":
+            for index in range(tally.count):
+                yield sse(chunk(ids, index, role=True))
+        while not tally.done:
+            event = await events.get()
+            if isinstance(event, Failure):
+                yield sse(error_body(event.message, "server_error" if event.status >= 500 else "invalid_request_error"))
+                yield sse("[DONE]")
+                return
+            tally.add(event)
+            if isinstance(event, Delta):
+                forward = {"forward": event.forward, "tokens": event.tokens}
+                yield sse(chunk(ids, event.choice, event.text, wedlm=forward))
+            elif isinstance(event, Finish):
+                yield sse(chunk(ids, event.choice, finish_reason=event.reason))
+        if usage_:
+            yield sse(usage_chunk(ids, tally.usage()))
+        yield sse("[DONE]")
+    finally:  # also when the client went away (Starlette cancels this generator)
+        engine.scheduler.cancel(job)
+
+
+async def _collect(engine: ServingEngine, request: Request, job: Job, events: asyncio.Queue, ids, tally: _Tally):
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        while not tally.done:
+            get = asyncio.ensure_future(events.get())
+            await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                return Response(status_code=499)  # nobody is listening; the job is cancelled below
+            event = get.result()
+            if isinstance(event, Failure):
+                raise APIError(event.status, event.message)
+            tally.add(event)
+    finally:
+        gone.cancel()
+        engine.scheduler.cancel(job)
+    return JSONResponse(full_body(ids, tally.choices(), tally.usage()))
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,327 @@
+"""OpenAI request bodies in, validated `ParsedRequest` out; OpenAI-style error bodies for everything refused.
+
+Every field a client sends is either honoured, accepted because it asks for the default (e.g. `presence_penalty: 0`),
+or refused with a 400 that names it: nothing is silently ignored. WeDLM's decoding options travel as extra body
+fields (`wedlm_window_size`, ...), which the official client sends with `extra_body=`.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+
+class APIError(Exception):
+    """An error the client sees as `{"error": {"message", "type", "param", "code"}}` with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str | None = None,
+        headers: dict | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind or _ERROR_TYPES.get(status, "server_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_unavailable",
+}
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def invalid(param: str | None, message: str, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass
+class WeDLMOptions:
+    """The request's WeDLM decoding settings (defaults: the model's generation config)."""
+
+    window_size: int
+    entropy_threshold: float | None
+    pos_penalty_factor: float
+    lossless: bool
+
+
+@dataclass
+class ParsedRequest:
+    """A validated completions or chat request; prompts are not tokenised yet."""
+
+    kind: str  # "completion" or "chat"
+    prompts: list = field(default_factory=list)  # completion: list of str or list of token-id lists
+    messages: list[dict] = field(default_factory=list)  # chat: [{"role", "content"}] with string content
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    wedlm: WeDLMOptions | None = None
+
+
+WEDLM_FIELDS = ("wedlm_window_size", "wedlm_entropy_threshold", "wedlm_pos_penalty_factor", "wedlm_lossless")
+MAX_N = 16
+MAX_STOP_STRINGS = 4
+
+# Fields accepted only with the value that means "off"; anything else is refused as unsupported.
+_OFF_VALUES = {
+    "presence_penalty": (0, 0.0, None),
+    "frequency_penalty": (0, 0.0, None),
+    "logit_bias": (None, {}),
+    "echo": (False, None),
+    "suffix": (None, ""),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None, False),
+    "response_format": (None, {"type": "text"}),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+    "metadata": (None, {}),
+    "modalities": (None, ["text"]),
+    "reasoning_effort": (None,),
+}
+_COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user"}
+_COMPLETION_FIELDS = (
+    _COMMON
+    | {"prompt", "presence_penalty", "frequency_penalty", "logit_bias", "echo", "suffix"}
+    | {
+        "best_of",
+        "logprobs",
+    }
+)
+_CHAT_FIELDS = (
+    _COMMON
+    | {"messages", "max_completion_tokens", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"}
+    | {"top_logprobs", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"}
+    | {"response_format", "service_tier", "store", "metadata", "modalities", "reasoning_effort"}
+)
+_ROLES = ("system", "developer", "user", "assistant")
+
+
+def parse_completion(body, model_id: str, defaults: WeDLMOptions) -> ParsedRequest:
+    """`POST /v1/completions`: `prompt` is a string, a list of strings, a token-id list or a list of those."""
+    body = _object(body)
+    _known_fields(body, _COMPLETION_FIELDS)
+    request = ParsedRequest(kind="completion")
+    request.prompts = _prompts(body.get("prompt"))
+    request.max_tokens = _positive_int(body, "max_tokens")
+    _common(body, request, model_id, defaults)
+    return request
+
+
+def parse_chat(body, model_id: str, defaults: WeDLMOptions) -> ParsedRequest:
+    """`POST /v1/chat/completions`: `messages` with text content (a string or text parts)."""
+    body = _object(body)
+    _known_fields(body, _CHAT_FIELDS)
+    request = ParsedRequest(kind="chat")
+    request.messages = _messages(body.get("messages"))
+    max_tokens = _positive_int(body, "max_tokens")
+    max_completion = _positive_int(body, "max_completion_tokens")
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise invalid("max_completion_tokens", "Give max_completion_tokens or max_tokens, not two different values.")
+    request.max_tokens = max_completion if max_completion is not None else max_tokens
+    _common(body, request, model_id, defaults)
+    return request
+
+
+def _object(body) -> dict:
+    if not isinstance(body, dict):
+        raise invalid(None, "The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _known_fields(body: dict, allowed: set[str]) -> None:
+    for name in body:
+        if name.startswith("wedlm_"):
+            if name not in WEDLM_FIELDS:
+                raise invalid(
+                    name, f"Unknown WeDLM option {name!r}; known: {', '.join(WEDLM_FIELDS)}.", "unknown_field"
+                )
+        elif name not in allowed:
+            raise invalid(name, f"Unrecognized request argument supplied: {name}.", "unknown_field")
+        elif name in _OFF_VALUES and not any(_same(body[name], off) for off in _OFF_VALUES[name]):
+            what = "log probabilities are" if "logprobs" in name else f"{name} is"
+            raise invalid(name, f"{what} not supported by this server; leave {name} out.", "unsupported_parameter")
+
+
+def _common(body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMOptions) -> None:
+    model = body.get("model")
+    if model is not None and model != model_id:
+        raise APIError(
+            400,
+            f"The model {model!r} is not served here; this server serves {model_id!r} (see GET /v1/models).",
+            param="model",
+            code="model_not_found",
+        )
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise invalid("user", "user must be a string.")
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise invalid("n", f"n must be an integer from 1 to {MAX_N}, got {n!r}.")
+    if body.get("best_of") not in (None, 1, n):
+        raise invalid("best_of", "best_of is not supported by this server; leave it out.", "unsupported_parameter")
+    request.n = n
+    request.temperature = _number(body, "temperature", 0.0, 2.0)
+    request.top_p = _number(body, "top_p", 0.0, 1.0)
+    if request.top_p == 0.0:
+        raise invalid("top_p", "top_p must be above 0 and at most 1 (1 keeps every token).")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise invalid("seed", f"seed must be an integer, got {seed!r}.")
+    request.seed = seed
+    request.stop = _stop(body.get("stop"))
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise invalid("stream", f"stream must be true or false, got {stream!r}.")
+    request.stream = stream
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise invalid("stream_options", "stream_options is only allowed with stream: true.")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise invalid("stream_options", 'stream_options takes only {"include_usage": true|false}.')
+        include = options.get("include_usage", False)
+        if not isinstance(include, bool):
+            raise invalid("stream_options", "stream_options.include_usage must be true or false.")
+        request.include_usage = include
+    request.wedlm = wedlm_options(body, defaults)
+
+
+def wedlm_options(body: dict, defaults: WeDLMOptions) -> WeDLMOptions:
+    """The body's `wedlm_*` fields over `defaults`, validated (400 naming the field)."""
+    window = body.get("wedlm_window_size", defaults.window_size)
+    if not _is_int(window) or window < 1:
+        raise invalid("wedlm_window_size", f"wedlm_window_size must be an integer >= 1 (16 is usual), got {window!r}.")
+    threshold = body.get("wedlm_entropy_threshold", defaults.entropy_threshold)
+    if threshold is not None and (not _is_number(threshold) or math.isnan(threshold) or threshold < 0):
+        raise invalid(
+            "wedlm_entropy_threshold",
+            "wedlm_entropy_threshold must be a number >= 0 (nats; 0.4 is usual) or null for one token per forward, "
+            f"got {threshold!r}.",
+        )
+    penalty = body.get("wedlm_pos_penalty_factor", defaults.pos_penalty_factor)
+    if not _is_number(penalty) or not math.isfinite(penalty) or penalty < 0:
+        raise invalid(
+            "wedlm_pos_penalty_factor",
+            f"wedlm_pos_penalty_factor must be a finite number >= 0 (0.02 is usual), got {penalty!r}.",
+        )
+    lossless = body.get("wedlm_lossless", defaults.lossless)
+    if not isinstance(lossless, bool):
+        raise invalid("wedlm_lossless", f"wedlm_lossless must be true or false, got {lossless!r}.")
+    return WeDLMOptions(window, None if threshold is None else float(threshold), float(penalty), lossless)
+
+
+def _prompts(prompt) -> list:
+    if prompt is None:
+        raise invalid("prompt", "prompt is required: a string, a list of strings, or token ids.", "missing_field")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(_is_int(t) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise invalid("prompt", "prompt must be a string, a non-empty list of strings, a token-id list or a list of those.")
+
+
+def _messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "messages must be a non-empty list of {role, content} objects.", "missing_field")
+    parsed = []
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid(param, f"{param} must be an object with role and content.")
+        extra = set(message) - {"role", "content", "name"}
+        if extra:
+            raise invalid(param, f"{param} has fields this server does not support: {', '.join(sorted(extra))}.")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise invalid(f"{param}.role", f"{param}.role must be one of {', '.join(_ROLES)}, got {role!r}.")
+        parsed.append({"role": role, "content": _content(message.get("content"), f"{param}.content")})
+    return parsed
+
+
+def _content(content, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise invalid(param, f"{param} parts must be text parts ({{'type': 'text', 'text': ...}}).")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise invalid(param, f"{param} must be a string or a list of text parts.")
+
+
+def _stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stops):
+        raise invalid("stop", f"stop must be a non-empty string or a list of up to {MAX_STOP_STRINGS} of them.")
+    return list(stops)
+
+
+def _positive_int(body: dict, name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or value < 1:
+        raise invalid(name, f"{name} must be an integer >= 1, got {value!r}.")
+    return value
+
+
+def _number(body: dict, name: str, low: float, high: float) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_number(value) or math.isnan(value) or not low <= value <= high:
+        raise invalid(name, f"{name} must be a number from {low:g} to {high:g}, got {value!r}.")
+    return float(value)
+
+
+def _same(value, off) -> bool:
+    """Equal and of the same JSON type (so `logprobs: 0`, which asks for log probabilities, is not `false`)."""
+    if isinstance(off, (int, float)) and not isinstance(off, bool):
+        return _is_number(value) and value == off
+    return type(value) is type(off) and value == off
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

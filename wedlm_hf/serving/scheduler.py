@@ -1,0 +1,282 @@
+"""The one decoding loop that owns the model: continuous batching of every request's rows on one `StreamingDecoder`.
+
+A background thread repeats: admit waiting rows (up to `max_batch_size` live rows; they join at the next step and
+their prompts are prefilled in that step's forward), drop the rows of cancelled jobs (a client that went away),
+`step()` once for the whole batch, and turn each changed row's new tokens into text events for its job. Handlers
+on the asyncio side talk to it only through `submit` / `cancel` (thread-safe) and the job's `emit` callback (which
+hands events to the event loop with `call_soon_threadsafe`).
+
+Failures stay local: an exception while delivering one job's tokens fails that job alone; an exception inside
+`step()` fails the jobs of that batch (their rows shared the forward) and the decoder is rebuilt, so the loop and
+the requests that arrive later carry on.
+"""
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..modeling.streaming_decoder import DecodingRow, DecodingSettings, StreamingDecoder
+from .incremental_text import IncrementalText
+
+
+@dataclass
+class Delta:
+    """New text of one choice, committed by that row's `forward`-th forward (`tokens` tokens)."""
+
+    choice: int
+    text: str
+    forward: int
+    tokens: int
+
+
+@dataclass
+class Finish:
+    """A choice ended; `reason` is OpenAI's finish_reason ("stop" or "length")."""
+
+    choice: int
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    forwards: int
+
+
+@dataclass
+class Failure:
+    """The whole job failed; no more events follow."""
+
+    status: int
+    message: str
+
+
+@dataclass(eq=False)
+class Choice:
+    """One row of a job: its prompt, settings, text state and (once admitted) its decoder row."""
+
+    index: int
+    prompt: list[int]
+    settings: DecodingSettings
+    text: IncrementalText
+    row: DecodingRow | None = None
+    sent: int = 0  # committed tokens already turned into events
+    finished: bool = False
+
+
+@dataclass(eq=False)
+class Job:
+    """A request: its choices and where its events go. `emit` must be safe to call from the loop thread."""
+
+    choices: list[Choice]
+    emit: Callable[[object], None]
+    cancelled: bool = False
+    ended: bool = False
+    submitted: float = field(default_factory=time.monotonic)
+
+    def waiting(self) -> bool:
+        return any(c.row is None and not c.finished for c in self.choices)
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ShuttingDown(Exception):
+    pass
+
+
+class Scheduler:
+    def __init__(self, model, mask_token_id: int, max_batch_size: int = 16, max_queue: int = 64):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}.")
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {max_queue}.")
+        self.model = model
+        self.mask_token_id = mask_token_id
+        self.max_batch_size = max_batch_size
+        self.max_queue = max_queue
+        self.decoder = StreamingDecoder(model, mask_token_id)
+        self.counters = {"steps": 0, "completed": 0, "cancelled": 0, "failed": 0, "step_failures": 0}
+        self._lock = threading.Condition()
+        self._waiting: deque[Job] = deque()  # jobs with rows not yet admitted
+        self._jobs: set[Job] = set()  # every job not ended
+        self._live: dict[DecodingRow, tuple[Job, Choice]] = {}
+        self._closing_at: float | None = None  # shutdown: rows still live at this time are cancelled
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="wedlm-decoding-loop", daemon=True)
+
+    # ---- asyncio side (any thread) -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self._closing_at is not None or self._stop:
+                raise ShuttingDown()
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull()
+            self._waiting.append(job)
+            self._jobs.add(job)
+            self._lock.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: the job's rows are dropped before the next step (no-op once it ended)."""
+        if not job.ended:
+            job.cancelled = True
+            with self._lock:
+                self._lock.notify()
+
+    def begin_shutdown(self, grace: float) -> None:
+        """No new jobs; jobs not started yet fail now (503); live rows get `grace` seconds to finish."""
+        with self._lock:
+            deadline = time.monotonic() + grace
+            self._closing_at = deadline if self._closing_at is None else min(self._closing_at, deadline)
+            self._lock.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ends the loop thread; any job still open fails with 503."""
+        self.begin_shutdown(0.0)
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "live_rows": len(self._live),
+                "waiting_requests": len(self._waiting),
+                "open_requests": len(self._jobs),
+                **self.counters,
+            }
+
+    # ---- the loop thread -----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.no_grad():
+            while True:
+                with self._lock:
+                    while not (self._stop or self._waiting or self._live or self._closing_at is not None):
+                        self._lock.wait()
+                    if self._closing_at is not None:
+                        self._fail_unstarted_locked()
+                    if self._stop and not self._live:
+                        break
+                    self._admit_locked()
+                self._drop_cancelled()
+                self._cancel_after_grace()
+                if self._live:
+                    self._step()
+                elif self._closing_at is not None and not self._stop:
+                    with self._lock:  # idle while shutting down: wait for `stop()`
+                        if not self._live and not self._waiting and not self._stop:
+                            self._lock.wait(0.1)
+        for job in list(self._jobs):
+            self._fail(job, 503, "The server shut down before the request finished.")
+
+    def _admit_locked(self) -> None:
+        for job in list(self._waiting):
+            for choice in job.choices:
+                if len(self._live) >= self.max_batch_size:
+                    return
+                if choice.row is None and not choice.finished and not job.cancelled:
+                    choice.row = self.decoder.add(choice.prompt, choice.settings)
+                    self._live[choice.row] = (job, choice)
+            if not job.waiting():
+                self._waiting.remove(job)
+
+    def _fail_unstarted_locked(self) -> None:
+        for job in list(self._waiting):
+            if all(c.row is None for c in job.choices):
+                self._waiting.remove(job)
+                self._fail(job, 503, "The server is shutting down; the request was not started. Retry later.")
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:  # `submit` adds jobs from the event loop's thread
+            cancelled = [job for job in self._jobs if job.cancelled]
+        for job in cancelled:
+            self._end(job, "cancelled")
+
+    def _cancel_after_grace(self) -> None:
+        if self._closing_at is not None and time.monotonic() >= self._closing_at:
+            for job in {job for job, _ in self._live.values()}:
+                self._fail(job, 503, "The server shut down before the request finished.")
+
+    def _step(self) -> None:
+        try:
+            changed = self.decoder.step()
+        except Exception as exc:  # the whole batch shared this forward: fail its jobs, start a fresh decoder
+            self.counters["step_failures"] += 1
+            jobs = {job for job, _ in self._live.values()}
+            self._live.clear()
+            self.decoder = StreamingDecoder(self.model, self.mask_token_id)
+            for job in jobs:
+                self._fail(
+                    job, 500, f"Decoding failed for the batch this request was in ({type(exc).__name__}: {exc})."
+                )
+            return
+        self.counters["steps"] += 1
+        for row in changed:
+            if row in self._live:
+                job, choice = self._live[row]
+                try:
+                    self._deliver(job, choice)
+                except Exception as exc:
+                    self._fail(
+                        job, 500, f"The request failed while its tokens were delivered ({type(exc).__name__}: {exc})."
+                    )
+
+    def _deliver(self, job: Job, choice: Choice) -> None:
+        row = choice.row
+        text = choice.text.add(row.generated[choice.sent :])
+        if choice.text.stopped and len(row.generated) >= choice.text.stop_tokens:
+            self.decoder.finish(row, keep=choice.text.stop_tokens, reason="stop")
+        new_tokens = len(row.generated) - choice.sent
+        choice.sent = len(row.generated)
+        if row.done:
+            text += choice.text.flush()
+        if new_tokens or text:
+            job.emit(Delta(choice.index, text, row.stats.forwards, new_tokens))
+        if row.done:
+            self._live.pop(row, None)
+            choice.finished = True
+            reason = "stop" if choice.text.stopped or row.finish_reason == "stop" else "length"
+            job.emit(Finish(choice.index, reason, len(row.prompt), len(row.generated), row.stats.forwards))
+            if all(c.finished for c in job.choices):
+                job.ended = True
+                self._jobs.discard(job)
+                self.counters["completed"] += 1
+
+    def _end(self, job: Job, reason: str) -> None:
+        """Drops every row of `job` from the decoder and forgets the job."""
+        for choice in job.choices:
+            if choice.row is not None and choice.row in self._live:
+                del self._live[choice.row]
+                try:
+                    self.decoder.finish(choice.row, reason=reason)
+                except Exception:  # a broken row must not take the loop down; a step failure rebuilds if needed
+                    pass
+            choice.finished = True
+        job.ended = True
+        self._jobs.discard(job)
+        with self._lock:
+            if job in self._waiting:
+                self._waiting.remove(job)
+        self.counters["cancelled" if reason == "cancelled" else "failed"] += 1
+
+    def _fail(self, job: Job, status: int, message: str) -> None:
+        if job.ended:
+            return
+        self._end(job, "error")
+        try:
+            job.emit(Failure(status, message))
+        except Exception:
+            pass
