@@ -357,7 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bs.add_argument("--threads", type=positive_int, default=1, help="torch threads of every server")
     bs.add_argument("--device", default="cpu", help="device of every server")
-    bs.add_argument("--json", default=None, metavar="FILE", help="also write the measurements to this file")
+    bs.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the measurements to this file (default: none)"
+    )
     return parser
 
 
