@@ -40,6 +40,7 @@ def test_bench_serve_command_runs_serve_and_its_batch_size_1_twin(tmp_path, caps
     assert [(r["server"], r["clients"], r["requests"]) for r in rows] == [("wedlm", 2, 2), ("wedlm-b1", 2, 2)]
 
 
-def test_bench_serve_refuses_unknown_servers():
-    with pytest.raises(SystemExit, match="Unknown server"):
+def test_bench_serve_refuses_unknown_servers(capsys):
+    with pytest.raises(SystemExit):
         cli(["bench-serve", "--servers", "vllm"])
+    assert "argument --servers: invalid choice: 'vllm'" in capsys.readouterr().err
