@@ -195,48 +195,37 @@ class StreamingDecoder:
         for row in rows:
             row.refill()
 
-        # Per row: [prompt, right-aligned, joining rows only][filled slots][padding][masks]; masks last so that the
-        # kept logits are the tail, filled slots first so that the leading run is fed in logical order.
-        prompt_width = max((len(row.prompt) for row in joining), default=0)
-        feeds = []
+        # Per row: [its prompt, if it joins now][filled slots][padding][masks]. Masks last, so that the kept logits
+        # are the tail; filled slots right after what the row has in the cache, so that the leading run is fed in
+        # logical order. A joining row's prompt takes the columns other rows use for their windows: the feed is as
+        # wide as the widest row, not prompt plus window.
+        feeds, starts = [], []
         for row in rows:
             base = row.committed
             filled = [(slot.token, base + i) for i, slot in enumerate(row.window) if slot is not None]
             masks = [base + i for i, slot in enumerate(row.window) if slot is None]
             feeds.append((filled, masks))
-        window_width = max(len(f) + len(m) for f, m in feeds)
-        width = prompt_width + window_width
+            starts.append(0 if row.prefilled else len(row.prompt))  # where the row's filled slots begin
+        width = max(start + len(f) + len(m) for start, (f, m) in zip(starts, feeds))
         ids, pos, valid, runs = [], [], [], []
-        for row, (filled, masks) in zip(rows, feeds):
-            prompt = [] if row.prefilled else row.prompt
-            gap = window_width - len(filled) - len(masks)
-            ids.append(
-                [self.mask_token_id] * (prompt_width - len(prompt))
-                + prompt
-                + [t for t, _ in filled]
-                + [self.mask_token_id] * (gap + len(masks))
-            )
-            pos.append([0] * (prompt_width - len(prompt)) + list(range(len(prompt))) + [p for _, p in filled])
-            pos[-1] += [0] * gap + masks
-            valid.append(
-                [False] * (prompt_width - len(prompt))
-                + [True] * (len(prompt) + len(filled))
-                + [False] * gap
-                + [True] * len(masks)
-            )
+        for row, start, (filled, masks) in zip(rows, starts, feeds):
+            prompt = row.prompt if start else []
+            gap = width - start - len(filled) - len(masks)
+            ids.append(prompt + [t for t, _ in filled] + [self.mask_token_id] * (gap + len(masks)))
+            pos.append(list(range(start)) + [p for _, p in filled] + [0] * gap + masks)
+            valid.append([True] * (start + len(filled)) + [False] * gap + [True] * len(masks))
             row.stats.forwards += 1
             row.stats.rows_fed += len(filled) + len(masks)
             runs.append(row.leading_run())
 
-        # Logits for the masks, and in lossless mode for the run (it verifies itself) and a new row's last prompt
-        # token (its AR prediction is the first slot's token).
+        # Logits for the masks, and in lossless mode for the run (it verifies itself) or, for a joining row, for its
+        # last prompt token (its AR prediction is the first slot's token).
         n_masks = max(len(m) for _, m in feeds)
-        wanted = set(range(width - n_masks, width))
-        for row, run in zip(rows, runs):
+        ar_columns = {}
+        for b, (row, run, start) in enumerate(zip(rows, runs, starts)):
             if row.settings.lossless:
-                wanted.update(range(prompt_width, prompt_width + run))
-                if not row.prefilled:
-                    wanted.add(prompt_width - 1)
+                ar_columns[b] = [start - 1] if start else list(range(run))
+        wanted = set(range(width - n_masks, width)).union(*ar_columns.values())
         columns = sorted(wanted) or [width - 1]
         device = self.kv.valid.device
         logits = self.kv.forward(
@@ -247,13 +236,7 @@ class StreamingDecoder:
         )
         column = {c: j for j, c in enumerate(columns)}
 
-        # Lossless rows: the AR predictions of their run rows (for a new row, of its last prompt token).
-        ar_rows = {}
-        for b, (row, run) in enumerate(zip(rows, runs)):
-            if row.settings.lossless:
-                cols = [prompt_width - 1] if not row.prefilled else range(prompt_width, prompt_width + run)
-                ar_rows[b] = [column[c] for c in cols]
-        predictions = _ar_predictions(rows, logits, ar_rows)
+        predictions = _ar_predictions(rows, logits, {b: [column[c] for c in cs] for b, cs in ar_columns.items()})
         kept = []
         for b, (row, run) in enumerate(zip(rows, runs)):
             if row.settings.lossless:
@@ -261,7 +244,8 @@ class StreamingDecoder:
             else:
                 kept.append(row.commit(run))
             row.prefilled = True
-        self.kv.keep_leading(window_width, kept)
+        # A joining row keeps its prompt (the first columns it was fed); every row keeps its committed run.
+        self.kv.keep_leading(width, [start + n for start, n in zip(starts, kept)])
 
         if n_masks:
             self._fill(rows, feeds, logits[:, [column[c] for c in range(width - n_masks, width)]])
