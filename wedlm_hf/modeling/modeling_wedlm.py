@@ -9,7 +9,6 @@ names a damaged safetensors file.
 
 import inspect
 import json
-import os
 import re
 import warnings
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RMSNorm,
     Qwen3RotaryEmbedding,
 )
+from transformers.utils import cached_file
 
 from .configuration_wedlm import WeDLMConfig
 from .dual_stream_loss import additive_attention_mask, dual_stream_loss
@@ -283,8 +283,6 @@ def _checkpoint_folder(pretrained_model_name_or_path, kwargs: dict) -> Path | No
     folder = Path(pretrained_model_name_or_path, subfolder)
     if folder.is_dir():
         return folder
-    from transformers.utils import cached_file
-
     try:
         config = cached_file(
             pretrained_model_name_or_path,
@@ -304,7 +302,7 @@ def _damaged_safetensors(folder: Path | None) -> list[Path]:
     damaged = []
     for path in sorted(folder.glob("*.safetensors")) if folder is not None else []:
         try:
-            size = os.path.getsize(path)
+            size = path.stat().st_size
             with open(path, "rb") as file:
                 header_size = int.from_bytes(file.read(8), "little")
                 header = json.loads(file.read(header_size)) if 8 + header_size <= size else None
