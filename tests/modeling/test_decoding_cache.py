@@ -5,6 +5,7 @@ from conftest import EOS_ID, prompts
 from transformers import DynamicCache
 
 from wedlm_hf.modeling import ragged_cache
+from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
 
 
 def test_final_cache_equals_ar_prefill_of_output(model64):
@@ -27,12 +28,11 @@ def test_final_cache_equals_ar_prefill_of_output(model64):
         n_new = out.wedlm_stats[b].tokens
         full_mask[b, : width + n_new] = torch.cat([mask[b], torch.ones(n_new, dtype=torch.long)])
     prefill = DynamicCache(config=model64.config)
+    positions = (full_mask.cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad():
-        model64(
-            seq, attention_mask=full_mask, position_ids=(full_mask.cumsum(-1) - 1).clamp_min(0), past_key_values=prefill
-        )
-    assert out.past_key_values.get_seq_length() == seq.shape[1]
-    for layer_out, layer_ref in zip(out.past_key_values.layers, prefill.layers):
+        model64(seq, attention_mask=full_mask, position_ids=positions, **{CACHE_KWARG: prefill})
+    assert out.cache.get_seq_length() == seq.shape[1]
+    for layer_out, layer_ref in zip(out.cache.layers, prefill.layers):
         for b in range(3):
             cols = full_mask[b].bool()
             torch.testing.assert_close(layer_out.keys[b][:, cols], layer_ref.keys[b][:, cols], rtol=0, atol=1e-10)
@@ -43,8 +43,8 @@ def test_final_cache_equals_ar_prefill_of_output(model64):
 def test_user_cache_is_filled_and_returned(model64):
     ids, _ = prompts(1)
     cache = DynamicCache(config=model64.config)
-    out = model64.generate(ids, max_new_tokens=8, strategy="wedlm", past_key_values=cache, return_dict_in_generate=True)
-    assert out.past_key_values is cache and cache.get_seq_length() == out.sequences.shape[1]
+    out = model64.generate(ids, max_new_tokens=8, strategy="wedlm", cache=cache, return_dict_in_generate=True)
+    assert out.cache is cache and cache.get_seq_length() == out.sequences.shape[1]
 
 
 def test_dead_slots_stay_bounded(model64, monkeypatch):

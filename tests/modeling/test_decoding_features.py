@@ -110,14 +110,22 @@ def test_streamer_gets_prompt_then_chunks_then_end(model64):
 
 def test_text_iterator_streamer(model64, char_tokenizer):
     ids, _ = prompts(1)
-    streamer = TextIteratorStreamer(char_tokenizer, skip_prompt=True)
+    streamer = TextIteratorStreamer(char_tokenizer, skip_prompt=True, timeout=60)  # never wait forever
     result = {}
-    thread = threading.Thread(
-        target=lambda: result.update(out=wedlm(model64, ids, eos_token_id=None, streamer=streamer))
-    )
+
+    def generate():
+        try:
+            result["out"] = wedlm(model64, ids, eos_token_id=None, streamer=streamer)
+        except BaseException as error:  # re-raised below; ending the stream stops the reader waiting
+            result["error"] = error
+            streamer.end()
+
+    thread = threading.Thread(target=generate)
     thread.start()
     text = "".join(streamer)
     thread.join()
+    if "error" in result:
+        raise result["error"]
     assert text == char_tokenizer.decode(result["out"][0, ids.shape[1] :])
 
 

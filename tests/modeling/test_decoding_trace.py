@@ -4,6 +4,7 @@ import torch
 from conftest import MASK_ID, tiny_config
 
 from wedlm_hf import WeDLMForCausalLM
+from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
 
 
 class ScriptedModel(WeDLMForCausalLM):
@@ -122,7 +123,7 @@ class Recorder(WeDLMForCausalLM):
     """A real model that records what each forward is fed and how many logits rows it computes."""
 
     def forward(self, input_ids=None, logits_to_keep=0, **kwargs):
-        self.calls.append((input_ids[0].tolist(), logits_to_keep, kwargs["past_key_values"].get_seq_length()))
+        self.calls.append((input_ids[0].tolist(), logits_to_keep, kwargs[CACHE_KWARG].get_seq_length()))
         return super().forward(input_ids=input_ids, logits_to_keep=logits_to_keep, **kwargs)
 
 

@@ -6,6 +6,7 @@ from conftest import EOS_ID, MASK_ID, build_model, prompts, tiny_config
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList, TextStreamer
 
 from wedlm_hf import WeDLMForCausalLM
+from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
 
 FLAVOURS = {"qwen3": dict(qk_norm=True, attention_bias=False), "qwen2.5": dict(qk_norm=False, attention_bias=True)}
 
@@ -104,8 +105,8 @@ def test_cache_after_decoding_equals_ar_prefill_of_the_output(model64):
         )
     prefill = DynamicCache(config=model64.config)
     with torch.no_grad():
-        model64(seq, attention_mask=full, position_ids=(full.cumsum(-1) - 1).clamp_min(0), past_key_values=prefill)
-    for layer_out, layer_ref in zip(out.past_key_values.layers, prefill.layers):
+        model64(seq, attention_mask=full, position_ids=(full.cumsum(-1) - 1).clamp_min(0), **{CACHE_KWARG: prefill})
+    for layer_out, layer_ref in zip(out.cache.layers, prefill.layers):
         for b in range(3):
             cols = full[b].bool().nonzero().squeeze(1)
             cached, last = cols[:-1], cols[-1]

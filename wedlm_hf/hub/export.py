@@ -229,7 +229,7 @@ def _replace_checkpoint(staging: Path, dst: Path) -> None:
 
 def export_command(args) -> None:
     """`wedlm-hf export SOURCE DESTINATION`."""
-    recipe = open(args.recipe).read() if args.recipe else None
+    recipe = Path(args.recipe).read_text() if args.recipe else None
     out = export_checkpoint(
         args.source,
         args.destination,
@@ -245,7 +245,7 @@ def export_command(args) -> None:
 
 def card_command(args) -> None:
     """`wedlm-hf card MODEL OUTPUT`."""
-    recipe = open(args.recipe).read() if args.recipe else None
+    recipe = Path(args.recipe).read_text() if args.recipe else None
     out = write_card(
         args.model, args.output, repo_id=args.repo_id, summary=args.summary, recipe=recipe, base_model=args.base_model
     )

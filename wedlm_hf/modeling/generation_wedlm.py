@@ -49,17 +49,26 @@ _SCORE_ONLY_WARPERS = (
 # Options that change nothing unless another unsupported option (beam search, assisted decoding) is also on.
 _INERT_OPTIONS = {"early_stopping", "length_penalty"}
 _UNSET = object()
+# The output field holding the KV cache: `cache` from transformers 5.24 on, `past_key_values` before.
+_OUTPUT_CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass
 class WeDLMGenerateOutput(GenerateDecoderOnlyOutput):
     """`generate` output plus `wedlm_stats`: one `WeDLMStats` per returned sequence.
 
-    `past_key_values` holds every committed token's K/V, laid out column for column like `sequences`
-    (padding columns are zeros).
+    `cache` (the field's name from transformers 5.24 on; `past_key_values` before, and readable under both names)
+    holds every committed token's K/V, laid out column for column like `sequences` (padding columns are zeros).
     """
 
     wedlm_stats: list[WeDLMStats] | None = None
+
+    if _OUTPUT_CACHE_FIELD == "past_key_values":
+
+        @property
+        def cache(self):
+            """The field's name from transformers 5.24 on, so that code written for either version reads it."""
+            return self.past_key_values
 
 
 def ensure_wedlm_generation_defaults(generation_config) -> None:
@@ -229,8 +238,8 @@ def generate_wedlm(
         return sequences
     return WeDLMGenerateOutput(
         sequences=sequences,
-        past_key_values=_aligned_cache(rows, attention_mask, sequences.shape[1], past_key_values),
         wedlm_stats=[row.stats for row in rows],
+        **{_OUTPUT_CACHE_FIELD: _aligned_cache(rows, attention_mask, sequences.shape[1], past_key_values)},
     )
 
 
@@ -307,7 +316,7 @@ def _validate_config(config, past_key_values) -> None:
     )
     _refuse(
         past_key_values is not None and not isinstance(past_key_values, DynamicCache),
-        "this past_key_values",
+        f"this cache ({type(past_key_values).__name__})",
         "pass an empty DynamicCache or none",
     )
     for option in ("output_scores", "output_logits", "output_attentions", "output_hidden_states", "token_healing"):

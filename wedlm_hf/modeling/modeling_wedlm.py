@@ -3,12 +3,20 @@
 Differences from Qwen3: q/k/v bias and q/k norm are switches (`attention_bias`, `qk_norm`), `o_proj` never has a
 bias, a batch from the dual-stream collator returns the WeDLM training loss, and `generate(strategy="wedlm")`
 runs streaming parallel decoding. Weight names are the Qwen2/Qwen3 ones, so released checkpoints load as they are.
+Loading refuses a checkpoint whose q/k norm weights or q/k/v biases contradict `qk_norm` / `attention_bias`, and
+names a damaged safetensors file.
 """
 
+import inspect
+import json
+import re
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
@@ -22,10 +30,23 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RMSNorm,
     Qwen3RotaryEmbedding,
 )
+from transformers.utils import cached_file
 
 from .configuration_wedlm import WeDLMConfig
 from .dual_stream_loss import additive_attention_mask, dual_stream_loss
 from .generation_wedlm import STRATEGIES, ensure_wedlm_generation_defaults, generate_wedlm, resolve_strategy
+from .ragged_cache import CACHE_KWARG
+
+
+def _cache_in_signature(forward):
+    """Lists the KV cache argument in `forward`'s signature under the installed transformers' name (`cache` from
+    5.24 on, `past_key_values` before), which generate and transformers' tests read. `forward` itself takes it
+    through **kwargs and passes it on as named, so Qwen3's forward applies that version's renaming and warning."""
+    signature = inspect.signature(forward)
+    *named, rest = signature.parameters.values()
+    cache = inspect.Parameter(CACHE_KWARG, inspect.Parameter.KEYWORD_ONLY, default=None)
+    forward.__signature__ = signature.replace(parameters=[*named, cache, rest])
+    return forward
 
 
 @dataclass
@@ -64,6 +85,31 @@ class WeDLMPreTrainedModel(Qwen3PreTrainedModel):
     _no_split_modules = ["WeDLMDecoderLayer"]
     _can_record_outputs = {"hidden_states": WeDLMDecoderLayer, "attentions": WeDLMAttention}
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path=None, *args, output_loading_info: bool = False, **kwargs):
+        """`PreTrainedModel.from_pretrained`, refusing weights that contradict the config's attention switches (they
+        would build a different model, with the extra tensors dropped) and naming a damaged safetensors file."""
+        try:
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
+            )
+        except Exception as error:
+            if type(error).__module__.split(".")[0] != "safetensors":
+                raise
+            damaged = _damaged_safetensors(_checkpoint_folder(pretrained_model_name_or_path, kwargs))
+            if not damaged:
+                raise OSError(
+                    f"Could not read the safetensors weights of {pretrained_model_name_or_path}: {error}"
+                ) from error
+            files = ", ".join(map(str, damaged))
+            raise OSError(
+                f"{files} {'is' if len(damaged) == 1 else 'are'} damaged or incomplete (cut short or corrupted: "
+                f"{error}): download the checkpoint again, or re-save the model with save_pretrained."
+            ) from error
+        _check_attention_weights(model.config, info, pretrained_model_name_or_path)
+        ensure_wedlm_generation_defaults(getattr(model, "generation_config", None))  # the base model has none
+        return (model, info) if output_loading_info else model
+
 
 class WeDLMModel(WeDLMPreTrainedModel, Qwen3Model):
     def __init__(self, config: WeDLMConfig):
@@ -79,7 +125,7 @@ class WeDLMModel(WeDLMPreTrainedModel, Qwen3Model):
         self.post_init()
 
 
-class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM):
+class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
     # The dual-stream loss is a normalised mean per batch; let Trainer scale it for gradient accumulation.
     accepts_loss_kwargs = False
 
@@ -91,12 +137,6 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM):
         self.post_init()
         ensure_wedlm_generation_defaults(self.generation_config)
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        model = super().from_pretrained(*args, **kwargs)
-        ensure_wedlm_generation_defaults(model.generation_config)
-        return model
-
     def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs):
         """`PreTrainedModel.save_pretrained` (weights, config with `auto_map`, remote code, generation config), plus
         the tokenizer when one is given, so the folder is complete."""
@@ -104,12 +144,12 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM):
         if tokenizer is not None:
             tokenizer.save_pretrained(save_directory)
 
+    @_cache_in_signature
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values=None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         label_weights: torch.Tensor | None = None,
@@ -118,6 +158,8 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM):
         **kwargs,
     ) -> CausalLMOutputWithPast:
         r"""
+        cache (`Cache`, *optional*; `past_key_values` before transformers 5.24):
+            The KV cache, under the installed transformers' name; it reaches Qwen3's forward as given.
         label_weights (`torch.Tensor` of shape `(batch, 2 * L)`, *optional*):
             Marks a dual-stream training batch (see `wedlm_hf.DualStreamCollator`): `labels` are then already aligned
             to the row that predicts them, and the loss is (next-token loss on the clean stream + 1/gamma-weighted
@@ -128,7 +170,6 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=past_key_values,
                 inputs_embeds=inputs_embeds,
                 labels=labels,
                 use_cache=use_cache,
@@ -169,8 +210,12 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM):
     def generate(self, *args, strategy: str | None = None, **kwargs):
         """`strategy="wedlm"` runs streaming parallel decoding; otherwise (`"ar"`, the default) ordinary `generate`.
 
-        The default strategy comes from `generation_config.strategy` when not given here.
+        The default strategy comes from `generation_config.strategy` when not given here. With `custom_generate`,
+        transformers loads that generate function and hands it every argument (WeDLM's included).
         """
+        if kwargs.get("custom_generate") is not None:
+            return super().generate(*args, **kwargs, **({} if strategy is None else {"strategy": strategy}))
+        kwargs = _cache_under_current_name(kwargs)
         strategy = resolve_strategy(strategy, kwargs.get("generation_config"), self.generation_config)
         if strategy == "wedlm":
             return generate_wedlm(self, *args, **kwargs)
@@ -181,6 +226,93 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM):
                 f"(strategies: {', '.join(STRATEGIES)})."
             )
         return super().generate(*args, **kwargs)
+
+
+def _cache_under_current_name(kwargs: dict) -> dict:
+    """`generate`'s cache argument under the installed transformers' name. The other name works too: `cache` on
+    older versions, `past_key_values` (with transformers' FutureWarning, at the caller's line) from 5.24 on."""
+    other = "past_key_values" if CACHE_KWARG == "cache" else "cache"
+    if other not in kwargs:
+        return kwargs
+    kwargs = dict(kwargs)
+    given, current = kwargs.pop(other), kwargs.get(CACHE_KWARG)
+    if given is not None and current is not None and given is not current:
+        raise ValueError("Pass the cache once: as `cache` (or `past_key_values`, its older name), not both.")
+    if CACHE_KWARG == "cache":
+        warnings.warn(
+            "`past_key_values` is deprecated in transformers >= 5.24: pass the cache to generate as `cache=`.",
+            FutureWarning,
+            stacklevel=3,
+        )
+    kwargs[CACHE_KWARG] = given if current is None else current
+    return kwargs
+
+
+_QK_NORM = re.compile(r"(^|\.)self_attn\.[qk]_norm\.weight$")
+_QKV_BIAS = re.compile(r"(^|\.)self_attn\.[qkv]_proj\.bias$")
+_ATTENTION_WEIGHT = re.compile(r"(^|\.)self_attn\.[qkvo]_proj\.weight$")
+
+
+def _check_attention_weights(config, info: dict, source) -> None:
+    """Weights the config's attention switches leave out (or ask for) mean the config describes another model:
+    with `qk_norm` or `attention_bias` wrong, the norms or biases would be silently dropped (or left random)."""
+    missing, unexpected = set(info["missing_keys"]), set(info["unexpected_keys"])
+    # Keys missing because no attention weight loaded at all (another model's checkpoint) say nothing about switches.
+    attention_loaded = not any(_ATTENTION_WEIGHT.search(key) for key in missing)
+    problems = []
+    for pattern, what, field in (
+        (_QK_NORM, "q_norm/k_norm weights", "qk_norm"),
+        (_QKV_BIAS, "q/k/v biases", "attention_bias"),
+    ):
+        if any(pattern.search(key) for key in unexpected):
+            problems.append(f'the checkpoint has {what} but config.{field} is false: set "{field}": true')
+        elif attention_loaded and any(pattern.search(key) for key in missing):
+            problems.append(f'the checkpoint has no {what} but config.{field} is true: set "{field}": false')
+    if problems:
+        raise ValueError(
+            f"The weights of {source or 'the checkpoint'} do not match its WeDLM config: {'; '.join(problems)} in "
+            "config.json (or in the config passed to from_pretrained)."
+        )
+
+
+def _checkpoint_folder(pretrained_model_name_or_path, kwargs: dict) -> Path | None:
+    """The local folder holding the checkpoint's files: the path itself, or the Hub cache snapshot of a repo id."""
+    if pretrained_model_name_or_path is None:
+        return None
+    subfolder = kwargs.get("subfolder") or ""
+    folder = Path(pretrained_model_name_or_path, subfolder)
+    if folder.is_dir():
+        return folder
+    try:
+        config = cached_file(
+            pretrained_model_name_or_path,
+            "config.json",
+            subfolder=subfolder,
+            cache_dir=kwargs.get("cache_dir"),
+            revision=kwargs.get("revision"),
+            local_files_only=True,
+        )
+    except OSError:
+        return None
+    return Path(config).parent if config else None
+
+
+def _damaged_safetensors(folder: Path | None) -> list[Path]:
+    """The .safetensors files in `folder` whose header is unreadable or whose size differs from what it declares."""
+    damaged = []
+    for path in sorted(folder.glob("*.safetensors")) if folder is not None else []:
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as file:
+                header_size = int.from_bytes(file.read(8), "little")
+                header = json.loads(file.read(header_size)) if 8 + header_size <= size else None
+            ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+            intact = 8 + header_size + max(ends, default=0) == size
+        except (OSError, ValueError, AttributeError, KeyError, IndexError, TypeError):
+            intact = False
+        if not intact:
+            damaged.append(path)
+    return damaged
 
 
 __all__ = ["WeDLMCausalLMOutput", "WeDLMForCausalLM", "WeDLMModel", "WeDLMPreTrainedModel"]

@@ -7,8 +7,24 @@ are marked invalid rather than removed, and whole columns that no row keeps are 
 Positions are not stored: RoPE is already applied to the cached keys, so columns can move freely.
 """
 
+import inspect
+
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, GenerationMixin
+
+# transformers' name for the KV cache argument: `cache` from 5.24 on, `past_key_values` before.
+CACHE_KWARG = (
+    "cache"
+    if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    else "past_key_values"
+)
+
+
+def cache_kwarg(model) -> str:
+    """The name `model.forward` takes its KV cache under: stock models follow the installed transformers, remote
+    code may still say `past_key_values`; a forward that takes it only through **kwargs gets the current name."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in parameters), CACHE_KWARG)
 
 
 class RaggedCache:
@@ -16,7 +32,7 @@ class RaggedCache:
         self.model = model
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         if self.cache.get_seq_length() != 0:
-            raise ValueError("`past_key_values` must be an empty DynamicCache for strategy='wedlm'.")
+            raise ValueError(f"The cache (`{CACHE_KWARG}`) must be an empty DynamicCache for strategy='wedlm'.")
         if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
             raise ValueError(
                 "strategy='wedlm' does not support sliding-window attention layers: load the model with "
@@ -26,6 +42,7 @@ class RaggedCache:
         self.max_dead = max_dead
         self._flash = "flash" in (getattr(model.config, "_attn_implementation", None) or "")
         self._keeps_logits = model._supports_logits_to_keep()
+        self._cache_kwarg = cache_kwarg(model)
 
     @property
     def length(self) -> int:
@@ -53,12 +70,12 @@ class RaggedCache:
         attention_mask = torch.cat([self.valid, new_valid], dim=1).long()
         width = input_ids.shape[1]
         tail = columns == list(range(width - len(columns), width))
-        kwargs = {}
+        kwargs = {self._cache_kwarg: self.cache}
         if self._flash and input_ids.shape[0] == 1:
             # Without these, flash attention reads batch-1 non-monotonic positions as packed sequences and attends
             # to the wrong keys (docs/algorithm.md section 5): one query sequence over the whole key sequence.
             q_len, k_len = input_ids.shape[1], attention_mask.shape[1]
-            kwargs = {
+            kwargs |= {
                 "cu_seq_lens_q": torch.tensor([0, q_len], dtype=torch.int32, device=input_ids.device),
                 "cu_seq_lens_k": torch.tensor([0, k_len], dtype=torch.int32, device=input_ids.device),
                 "max_length_q": q_len,
@@ -70,7 +87,6 @@ class RaggedCache:
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            past_key_values=self.cache,
             use_cache=True,
             **kwargs,
         ).logits

@@ -1,0 +1,88 @@
+"""Loading a WeDLM checkpoint: weights that contradict the config, and damaged files, fail with the fix to apply.
+
+A config that omits `qk_norm` (or has the wrong `attention_bias`) builds a different attention: transformers would
+drop the checkpoint's q/k norms or biases (or leave them random) with only a load report. Truncated weights would
+fail inside safetensors without the file's name.
+"""
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_config
+from transformers import AutoModelForCausalLM
+
+from wedlm_hf import WeDLMForCausalLM
+from wedlm_hf.modeling.modeling_wedlm import WeDLMModel
+
+QWEN3 = {"qk_norm": True, "attention_bias": False}
+QWEN25 = {"qk_norm": False, "attention_bias": True}
+
+
+def save(folder, flavour, edit=None, **save_kwargs):
+    """A random checkpoint of the given flavour, its config.json then edited ({field: value}, None deletes)."""
+    torch.manual_seed(0)
+    model = WeDLMForCausalLM(tiny_config(**flavour))
+    model.save_pretrained(folder, **save_kwargs)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in (edit or {}).items():
+        config.pop(key) if value is None else config.__setitem__(key, value)
+    (folder / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_output_loading_info_returns_the_model_and_its_report(tmp_path):
+    saved = save(tmp_path, QWEN3)
+    model, info = WeDLMForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert isinstance(model, WeDLMForCausalLM) and model.generation_config.wedlm_window_size == 16
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), saved.state_dict().values()))
+
+
+@pytest.mark.parametrize(
+    "flavour,edit,message",
+    [
+        (QWEN3, {"qk_norm": None}, 'has q_norm/k_norm weights but config.qk_norm is false: set "qk_norm": true'),
+        (QWEN25, {"qk_norm": True}, 'has no q_norm/k_norm weights but config.qk_norm is true: set "qk_norm": false'),
+        (QWEN25, {"attention_bias": False}, 'has q/k/v biases but config.attention_bias is false: set "attention_b'),
+        (QWEN3, {"attention_bias": None}, 'has no q/k/v biases but config.attention_bias is true: set "attention_bi'),
+    ],
+)
+def test_weights_that_contradict_the_attention_switches_are_refused(tmp_path, flavour, edit, message):
+    save(tmp_path, flavour, edit)
+    for load in (WeDLMForCausalLM.from_pretrained, AutoModelForCausalLM.from_pretrained, WeDLMModel.from_pretrained):
+        with pytest.raises(ValueError, match=f"{tmp_path}.*{message}.*config.json"):
+            load(tmp_path)
+
+
+def test_both_switches_wrong_names_both_fields(tmp_path):
+    save(tmp_path, QWEN3, {"qk_norm": None, "attention_bias": None})  # a Qwen3 checkpoint read with the defaults
+    with pytest.raises(ValueError, match='set "qk_norm": true; .* set "attention_bias": false'):
+        WeDLMForCausalLM.from_pretrained(tmp_path)
+
+
+def test_other_missing_weights_keep_transformers_behaviour(tmp_path):
+    """A base-model checkpoint lacks only the LM head: loaded, reported missing, no error."""
+    torch.manual_seed(0)
+    WeDLMModel(tiny_config(**QWEN3)).save_pretrained(tmp_path)
+    model, info = WeDLMForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert set(info["missing_keys"]) == {"lm_head.weight"} and not info["unexpected_keys"]
+    assert isinstance(model, WeDLMForCausalLM)
+
+
+def test_truncated_weights_name_the_file(tmp_path):
+    save(tmp_path, QWEN3)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # cut inside the header
+    with pytest.raises(OSError, match=f"{weights} is damaged or incomplete.*download .* again, or re-save"):
+        WeDLMForCausalLM.from_pretrained(tmp_path)
+
+
+def test_truncated_shard_is_the_one_named(tmp_path):
+    save(tmp_path, QWEN3, max_shard_size="100KB")
+    shards = sorted(tmp_path.glob("*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].write_bytes(shards[-1].read_bytes()[:-64])  # data cut short, header intact
+    with pytest.raises(OSError, match="damaged or incomplete") as error:
+        WeDLMForCausalLM.from_pretrained(tmp_path)
+    assert str(shards[-1]) in str(error.value) and all(str(s) not in str(error.value) for s in shards[:-1])
