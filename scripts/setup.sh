@@ -11,6 +11,16 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PY" -m venv .venv
 fi
+# The playground's browser test drives Debian's chromium; install it when missing and this user may.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium (for the playground's browser test)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+      >/dev/null || echo "setup: could not install chromium; the browser test will be skipped, saying why"
+  else
+    echo "setup: chromium not found (install Debian's chromium to run the playground's browser test)"
+  fi
+fi
 installed() { .venv/bin/python -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, sys.argv[1:])))" "$@" 2>/dev/null; }
 if [ "$(cat "$STAMP" 2>/dev/null)" = "$wanted" ] && installed torch transformers wedlm_hf pytest; then
   echo "setup: .venv is up to date (nothing to install)"
@@ -29,4 +39,5 @@ if ! installed torch; then
 fi
 echo "setup: installing wedlm-hf (editable) with the test extra, pinned by scripts/constraints.txt"
 pip install -c scripts/constraints.txt -e ".[test]"
+.venv/bin/python scripts/fetch_transformers_testers.py  # transformers' common testers, for the installed version
 echo "$wanted" > "$STAMP"
