@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Downloads into .whl/ the wheels scripts/gpu_check.sh installs on a GPU machine without network (Python 3.12,
 # x86_64, torch already there): transformers and its Hub / tokenizer packages at the versions of
-# scripts/constraints.txt with the pure-Python packages they need, accelerate, and wedlm-hf itself built from this
-# checkout. torch and numpy are left out (the GPU machine has its own). .whl/ is git-ignored; carry it along.
+# scripts/constraints.txt with the pure-Python packages they need, and accelerate. torch and numpy are left out (the
+# GPU machine has its own), and so is wedlm-hf: it is pure Python and the checkout that travels with .whl/ is the
+# package (a wheel would carry the shipped model a second time). .whl/ is git-ignored; carry it along.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,6 +19,5 @@ download "$(pin transformers)" "$(pin huggingface_hub)" "$(pin tokenizers)" "$(p
 # accelerate needs torch, which must come from the GPU machine: no dependencies (they are in the closure above).
 download --no-deps "$(pin accelerate)"
 rm -f .whl/numpy-*.whl
-"$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w .whl .
 ls .whl
 du -sh .whl
