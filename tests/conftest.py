@@ -103,3 +103,39 @@ def absolute_paths(record) -> list[str]:
         return [p for value in record for p in absolute_paths(value)]
     is_path = isinstance(record, str) and (os.path.isabs(record) or re.match(r"^[A-Za-z]:[\\/]", record))
     return [record] if is_path else []
+
+
+# Scripts for `run_without_wedlm_hf` start with this: a fresh interpreter in which `import wedlm_hf` fails, as on a
+# machine with transformers alone (lm-eval, the `transformers` CLI, a Hub user).
+WITHOUT_WEDLM_HF = """
+import importlib.abc, sys
+
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "wedlm_hf" or name.startswith("wedlm_hf."):
+            raise ImportError("wedlm_hf is not installed here")
+
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def run_without_wedlm_hf(script: str, args: list[str], workdir) -> dict:
+    """Runs `script` where wedlm_hf cannot be imported (remote code goes to `workdir`/modules); returns the JSON it
+    printed after "RESULT "."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    env = {**os.environ, "HF_MODULES_CACHE": str(workdir / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_WEDLM_HF + textwrap.dedent(script), *args],
+        env=env,
+        cwd=workdir,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.split("RESULT ", 1)[1])

@@ -4,14 +4,11 @@ prompt in parallel, its card matches its records and those records name no path 
 import json
 import os
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import absolute_paths, build_model
+from conftest import absolute_paths, build_model, run_without_wedlm_hf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from wedlm_hf import WeDLMForCausalLM, default_model_path
@@ -77,17 +74,10 @@ def test_shipped_folder_is_a_hub_checkpoint_whose_code_is_the_core():
     assert json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["auto_map"] == AUTO_MAP
 
 
-# A fresh interpreter in which `import wedlm_hf` fails, as in lm-eval or the `transformers` CLI without this package.
-WITHOUT_PACKAGE = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
+# Loads the shipped folder as remote code, as lm-eval or the `transformers` CLI do without this package.
+REMOTE = """
+    import json, sys
 
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name == "wedlm_hf" or name.startswith("wedlm_hf."):
-                raise ImportError("wedlm_hf is not installed here")
-
-    sys.meta_path.insert(0, Block())
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -98,24 +88,12 @@ WITHOUT_PACKAGE = textwrap.dedent(
     tokens = model.generate(ids, strategy="wedlm", max_new_tokens=16)[0].tolist()
     print("RESULT " + json.dumps({"module": type(model).__module__, "logits": logits, "tokens": tokens}))
     """
-)
 
 
 def test_shipped_model_loads_as_remote_code_where_wedlm_hf_is_not_importable(shipped, tmp_path):
     model, tokenizer = shipped
     ids = tokenizer("count from 7 by 2, 6 numbers:", add_special_tokens=False)["input_ids"]
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", WITHOUT_PACKAGE, default_model_path(), json.dumps(ids)],
-        env=env,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    remote = json.loads(result.stdout.split("RESULT ", 1)[1])
+    remote = run_without_wedlm_hf(REMOTE, [default_model_path(), json.dumps(ids)], tmp_path)
     assert remote["module"].startswith("transformers_modules.")
     with torch.no_grad():
         local = model(torch.tensor([ids])).logits[0]

@@ -6,13 +6,12 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import EOS_ID, MASK_ID, build_model, peaky, prompts, tiny_config
+from conftest import EOS_ID, MASK_ID, build_model, peaky, prompts, run_without_wedlm_hf, tiny_config
 from huggingface_hub import HfApi
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, pipeline
 
@@ -27,17 +26,10 @@ DECODE = dict(
     max_new_tokens=12, wedlm_window_size=5, wedlm_entropy_threshold=0.9, eos_token_id=EOS_ID, pad_token_id=EOS_ID
 )
 
-# Runs in a fresh interpreter in which `import wedlm_hf` fails, as on a machine with transformers alone.
-WITHOUT_PACKAGE = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
+# Loads and decodes a saved folder as remote code (run where wedlm_hf cannot be imported).
+REMOTE = """
+    import json, sys
 
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name == "wedlm_hf" or name.startswith("wedlm_hf."):
-                raise ImportError("wedlm_hf is not installed here")
-
-    sys.meta_path.insert(0, Block())
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -55,23 +47,12 @@ WITHOUT_PACKAGE = textwrap.dedent(
     print("RESULT " + json.dumps({"module": type(model).__module__, "wedlm": wedlm.tolist(), "ar": ar.tolist(),
                       "untrusted": untrusted, "window": model.generation_config.wedlm_window_size}))
     """
-)
 
 
 def run_without_package(folder: Path, tmp_path: Path, dtype=torch.float32) -> dict:
     ids, mask = prompts(2)
     request = json.dumps({"ids": ids.tolist(), "mask": mask.tolist(), "decode": DECODE})
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", WITHOUT_PACKAGE, str(folder), request],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.split("RESULT ", 1)[1])
+    return run_without_wedlm_hf(REMOTE, [str(folder), request], tmp_path)
 
 
 def installed_outputs(model) -> tuple[list, list]:

@@ -1,13 +1,9 @@
 """`wedlm_lossless` wherever decoding runs: generation_config.json, remote code, custom_generate, the pipeline."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import torch
-from conftest import EOS_ID, MASK_ID, build_model, peaky, prompts, tiny_config
+from conftest import EOS_ID, MASK_ID, build_model, peaky, prompts, run_without_wedlm_hf, tiny_config
 from transformers import Qwen3Config, Qwen3ForCausalLM, pipeline
 
 from wedlm_hf import WeDLMForCausalLM
@@ -15,17 +11,10 @@ from wedlm_hf.hub.custom_generate import export_custom_generate
 
 SETTINGS = dict(max_new_tokens=14, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
 
-# A fresh interpreter in which `import wedlm_hf` fails: only the exported remote code can decode.
-REMOTE = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
+# Decodes a saved folder losslessly as remote code (run where wedlm_hf cannot be imported).
+REMOTE = """
+    import json, sys
 
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name == "wedlm_hf" or name.startswith("wedlm_hf."):
-                raise ImportError("wedlm_hf is not installed here")
-
-    sys.meta_path.insert(0, Block())
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -35,7 +24,6 @@ REMOTE = textwrap.dedent(
     out = model.generate(ids, attention_mask=mask, strategy="wedlm", **request["settings"])
     print("RESULT " + json.dumps(out.tolist()))
     """
-)
 
 
 def test_generation_config_turns_it_on_and_survives_save(tmp_path):
@@ -56,17 +44,7 @@ def test_remote_code_without_the_package(tmp_path):
     model.save_pretrained(tmp_path / "ckpt")
     ids, mask = prompts(2)
     request = {"ids": ids.tolist(), "mask": mask.tolist(), "settings": {**SETTINGS, "wedlm_lossless": True}}
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", REMOTE, str(tmp_path / "ckpt"), json.dumps(request)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    remote = json.loads(result.stdout.split("RESULT ", 1)[1])
+    remote = run_without_wedlm_hf(REMOTE, [str(tmp_path / "ckpt"), json.dumps(request)], tmp_path)
     assert remote == model.generate(ids, attention_mask=mask, do_sample=False, **SETTINGS).tolist()
 
 
