@@ -5,8 +5,10 @@ committed. A step feeds every row's window reordered (filled slots first, then m
 position), commits the leading run of filled slots (their K/V, computed against the clean prefix only, stay in
 the cache), drops the K/V of every other window row, and fills masks by entropy. In lossless mode the run's own
 rows verify it first (`draft_verification`). Rows carry their own settings, advance independently, may join at
-any step (their prompt is prefilled in that step's forward, before its window) and leave as soon as they finish:
-`generate_wedlm` runs a fixed batch to the end, a server keeps adding requests.
+any step (their prompt is prefilled in that step's forward, before its window; under a token budget, a long prompt
+over several steps) and leave as soon as they finish: `generate_wedlm` runs a fixed batch to the end, a server keeps
+adding requests. A row's random draws depend only on its own state, never on what else shares the batch, so a row
+with its own seeded generator draws the same tokens alone or batched.
 """
 
 from dataclasses import dataclass, field
@@ -94,8 +96,12 @@ class DecodingRow:
     done: bool = False
     finish_reason: str | None = None  # "stop" (a stop token), "length", or what the caller passed to `finish`
     kv: list | None = None  # the finished row's cache, kept only when the decoder was asked to
-    prefilled: bool = False
+    prompt_fed: int = 0  # prompt tokens already in the cache (a long prompt may be prefilled over several steps)
     draft_window: int = 1 << 30  # lossless mode: the window W adapts to how many drafts get accepted
+
+    @property
+    def prefilled(self) -> bool:
+        return self.prompt_fed == len(self.prompt)
 
     @property
     def committed(self) -> int:
@@ -145,12 +151,19 @@ class StreamingDecoder:
 
     add(prompt, settings) -> row joins at the next step; step() -> the rows that committed or finished;
     finish(row, keep) ends a row early (a stopping criterion, a cancelled request).
+
+    `token_budget` bounds the token rows one forward feeds (batch x width, padding included): a joining prompt
+    that would widen the forward past it is prefilled in chunks over several steps, its window joining with the
+    last chunk. The budget is soft by at most one window per row: every step feeds every decoding row's window.
     """
 
-    def __init__(self, model, mask_token_id: int, keep_cache: bool = False, cache=None):
+    def __init__(self, model, mask_token_id: int, keep_cache: bool = False, cache=None, token_budget: int | None = None):
+        if token_budget is not None and token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1 (or None for no bound), got {token_budget}.")
         self.model = model
         self.mask_token_id = mask_token_id
         self.keep_cache = keep_cache
+        self.token_budget = token_budget
         self.kv = RaggedCache(model, 0, max_dead=16, cache=cache)
         self.active: list[DecodingRow] = []
         self._joining: list[DecodingRow] = []
@@ -182,8 +195,19 @@ class StreamingDecoder:
         elif row.kv is not None:
             row.kv = _truncated(row.kv, row.committed)
 
+    def _prompt_chunk(self, row: DecodingRow, cap: int | None) -> tuple[int, bool]:
+        """How many prompt tokens `row` feeds this step, and whether its window joins them (the last chunk). The
+        last chunk always holds the prompt's last token: its row predicts the first slot (lossless mode)."""
+        remaining = len(row.prompt) - row.prompt_fed
+        if remaining == 0:
+            return 0, True
+        if cap is None or remaining + len(row.window) <= cap or remaining == 1:
+            return remaining, True
+        return min(remaining - 1, cap), False
+
+    @torch.no_grad()
     def step(self) -> list[DecodingRow]:
-        """One forward for every active row and every row that joined since the last step."""
+        """One forward for every active row and every row that joined since the last step (never under autograd)."""
         joining, self._joining = self._joining, []
         if joining:
             self.kv.add_rows(len(joining))
@@ -194,36 +218,43 @@ class StreamingDecoder:
         self.kv.max_dead = max(16, max(row.settings.window_size for row in rows))
         for row in rows:
             row.refill()
+        cap = None
+        if self.token_budget is not None:
+            decoding = max((len(row.window) for row in rows if row.prefilled), default=0)
+            cap = max(decoding, self.token_budget // len(rows), 1)
 
-        # Per row: [its prompt, if it joins now][filled slots][padding][masks]. Masks last, so that the kept logits
-        # are the tail; filled slots right after what the row has in the cache, so that the leading run is fed in
-        # logical order. A joining row's prompt takes the columns other rows use for their windows: the feed is as
-        # wide as the widest row, not prompt plus window.
-        feeds, starts = [], []
+        # Per row: [its prompt (chunk), if it joins now][filled slots][padding][masks]. Masks last, so that the kept
+        # logits are the tail; filled slots right after what the row has in the cache, so that the leading run is
+        # fed in logical order. A joining row's prompt takes the columns other rows use for their windows: the feed
+        # is as wide as the widest row, not prompt plus window. A prompt chunk that is not the last feeds no window.
+        feeds, starts, decodes = [], [], []
         for row in rows:
+            start, decode = self._prompt_chunk(row, cap)
             base = row.committed
-            filled = [(slot.token, base + i) for i, slot in enumerate(row.window) if slot is not None]
-            masks = [base + i for i, slot in enumerate(row.window) if slot is None]
+            filled = [(slot.token, base + i) for i, slot in enumerate(row.window) if slot is not None] if decode else []
+            masks = [base + i for i, slot in enumerate(row.window) if slot is None] if decode else []
             feeds.append((filled, masks))
-            starts.append(0 if row.prefilled else len(row.prompt))  # where the row's filled slots begin
+            starts.append(start)  # where the row's filled slots begin
+            decodes.append(decode)
         width = max(start + len(f) + len(m) for start, (f, m) in zip(starts, feeds))
         ids, pos, valid, runs = [], [], [], []
-        for row, start, (filled, masks) in zip(rows, starts, feeds):
-            prompt = row.prompt if start else []
+        for row, start, decode, (filled, masks) in zip(rows, starts, decodes, feeds):
+            prompt = row.prompt[row.prompt_fed : row.prompt_fed + start]
             gap = width - start - len(filled) - len(masks)
             ids.append(prompt + [t for t, _ in filled] + [self.mask_token_id] * (gap + len(masks)))
-            pos.append(list(range(start)) + [p for _, p in filled] + [0] * gap + masks)
+            pos.append(list(range(row.prompt_fed, row.prompt_fed + start)) + [p for _, p in filled] + [0] * gap + masks)
             valid.append([True] * (start + len(filled)) + [False] * gap + [True] * len(masks))
-            row.stats.forwards += 1
-            row.stats.rows_fed += len(filled) + len(masks)
-            runs.append(row.leading_run())
+            if decode:
+                row.stats.forwards += 1
+                row.stats.rows_fed += len(filled) + len(masks)
+            runs.append(row.leading_run() if decode else 0)
 
         # Logits for the masks, and in lossless mode for the run (it verifies itself) or, for a joining row, for its
         # last prompt token (its AR prediction is the first slot's token).
         n_masks = max(len(m) for _, m in feeds)
         ar_columns = {}
-        for b, (row, run, start) in enumerate(zip(rows, runs, starts)):
-            if row.settings.lossless:
+        for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
+            if row.settings.lossless and decode:
                 ar_columns[b] = [start - 1] if start else list(range(run))
         wanted = set(range(width - n_masks, width)).union(*ar_columns.values())
         columns = sorted(wanted) or [width - 1]
@@ -238,12 +269,14 @@ class StreamingDecoder:
 
         predictions = _ar_predictions(rows, logits, {b: [column[c] for c in cs] for b, cs in ar_columns.items()})
         kept = []
-        for b, (row, run) in enumerate(zip(rows, runs)):
-            if row.settings.lossless:
+        for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
+            if not decode:
+                kept.append(0)
+            elif row.settings.lossless:
                 kept.append(self._verify_and_commit(row, run, predictions[b]))
             else:
                 kept.append(row.commit(run))
-            row.prefilled = True
+            row.prompt_fed += start
         # A joining row keeps its prompt (the first columns it was fed); every row keeps its committed run.
         self.kv.keep_leading(width, [start + n for start, n in zip(starts, kept)])
 
@@ -305,11 +338,12 @@ class StreamingDecoder:
         return kept
 
     def _fill(self, rows: list[DecodingRow], feeds: list, mask_logits: torch.Tensor) -> None:
-        """Fills masks by the entropy rule from this forward's mask logits (rows' masks are right-aligned)."""
+        """Fills masks by the entropy rule from this forward's mask logits (rows' masks are right-aligned). Only
+        the chosen slots are sampled, each row's in slot order: what a row draws never depends on other rows."""
         n_masks = mask_logits.shape[1]
         scores = suppress_token(mask_logits, self.mask_token_id)
         entropies = entropy(scores).tolist()
-        tokens, probabilities = _sample(rows, scores)
+        chosen = []  # (batch row, mask column, window slot)
         for b, row in enumerate(rows):
             masks = feeds[b][1]
             if row.done or not masks:
@@ -317,27 +351,26 @@ class StreamingDecoder:
             first = n_masks - len(masks)
             # Masks fed this step that are still masks (lossless mode may have placed its final token on one).
             open_slots = [
-                (j, p - row.committed)
+                (first + j, p - row.committed)
                 for j, p in enumerate(masks)
                 if 0 <= p - row.committed < len(row.window) and row.window[p - row.committed] is None
             ]
             if not open_slots:
                 continue
             picks = choose_fills(
-                [entropies[b][first + j] for j, _ in open_slots],
+                [entropies[b][c] for c, _ in open_slots],
                 [slot for _, slot in open_slots],
                 row.settings.entropy_threshold,
                 row.settings.pos_penalty_factor,
             )
-            sampled = row.settings.lossless and row.settings.sampler.do_sample
-            for i in picks:
-                j, slot = open_slots[i]
-                q = probabilities[b][first + j] if sampled else None
-                row.window[slot] = Fill(tokens[b][first + j], q=q)
-            if sampled:
-                for i in picks:
-                    slot = open_slots[i][1]
-                    row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
+            chosen += [(b, *open_slots[i]) for i in picks]
+        tokens, probabilities = _sample(rows, scores, chosen)
+        for (b, _, slot), token, q in zip(chosen, tokens, probabilities):
+            rows[b].window[slot] = Fill(token, q=q)
+        for b, _, slot in chosen:
+            row = rows[b]
+            if row.settings.lossless and row.settings.sampler.do_sample:
+                row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
 
     def _retire(self, finished: list[DecodingRow]) -> None:
         leaving = {id(row) for row in finished}
@@ -382,27 +415,27 @@ def _split(values: list, sizes: list[int]) -> list[list]:
     return out
 
 
-def _sample(rows: list[DecodingRow], scores: torch.Tensor) -> tuple[list[list[int]], list | None]:
-    """Tokens for every mask row of every row, drawn by each row's sampler (rows sharing one sampler draw
-    together), and the distributions drawn from where lossless sampling needs them."""
-    tokens: list = [None] * len(rows)
-    probabilities: list = [None] * len(rows)
+def _sample(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int, int]]) -> tuple[list, list]:
+    """Tokens for the chosen (row, column, slot) masks, drawn by each row's sampler (rows sharing one sampler draw
+    together, in `chosen`'s order), and the distribution each was drawn from where lossless sampling needs it."""
+    tokens: list = [None] * len(chosen)
+    probabilities: list = [None] * len(chosen)
     groups: dict[int, list[int]] = {}
-    for b, row in enumerate(rows):
-        groups.setdefault(id(row.settings.sampler), []).append(b)
+    for k, (b, _, _) in enumerate(chosen):
+        groups.setdefault(id(rows[b].settings.sampler), []).append(k)
     for members in groups.values():
-        sampler = rows[members[0]].settings.sampler
-        block = scores[members].flatten(0, 1)
+        sampler = rows[chosen[members[0]][0]].settings.sampler
+        block = scores[[chosen[k][0] for k in members], [chosen[k][1] for k in members]]
         if sampler.do_sample:
             probs = sampler.probabilities(block)
-            drawn = sampler.draw(probs).view(len(members), -1).tolist()
-            probs = probs.view(len(members), scores.shape[1], -1)
+            drawn = sampler.draw(probs).tolist()
+            for i, k in enumerate(members):
+                if rows[chosen[k][0]].settings.lossless:
+                    probabilities[k] = probs[i]
         else:
-            drawn, probs = block.argmax(dim=-1).view(len(members), -1).tolist(), None
-        for k, b in enumerate(members):
-            tokens[b] = drawn[k]
-            if probs is not None and rows[b].settings.lossless:
-                probabilities[b] = probs[k]
+            drawn = block.argmax(dim=-1).tolist()
+        for i, k in enumerate(members):
+            tokens[k] = drawn[i]
     return tokens, probabilities
 
 

@@ -1,0 +1,132 @@
+"""What one row of a shared `StreamingDecoder` batch cannot do to another: change a seeded row's draws, or widen
+every forward with a long prompt (the token budget prefills it in chunks)."""
+
+import pytest
+import torch
+from conftest import EOS_ID, MASK_ID, build_model
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+from wedlm_hf.modeling.streaming_decoder import DecodingSettings, StreamingDecoder
+from wedlm_hf.modeling.window_filling import FillSampler
+
+GREEDY = FillSampler(False)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(seed=3)
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    return torch.randint(0, EOS_ID, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def seeded(seed: int, temperature: float = 1.3) -> FillSampler:
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopKLogitsWarper(20)])
+    return FillSampler(True, warpers, generator=torch.Generator().manual_seed(seed))
+
+
+def settings(sampler=GREEDY, **kw) -> DecodingSettings:
+    kw.setdefault("max_new_tokens", 40)
+    kw.setdefault("entropy_threshold", 0.9)
+    return DecodingSettings(sampler=sampler, stop_ids=frozenset({EOS_ID}), **kw)
+
+
+class Widths:
+    """Records the (batch, width) of every forward the model runs."""
+
+    def __init__(self, model):
+        self.shapes = []
+        self.handle = model.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        self.shapes.append(tuple(kwargs["input_ids"].shape))
+
+    def close(self):
+        self.handle.remove()
+
+
+def run(model, plan, token_budget=None):
+    """Decodes `plan`: (join at step, prompt, settings) entries; returns each row's committed tokens."""
+    decoder = StreamingDecoder(model, MASK_ID, token_budget=token_budget)
+    rows, step = {}, 0
+    pending = sorted(enumerate(plan), key=lambda item: item[1][0])
+    while pending or decoder.busy:
+        while pending and pending[0][1][0] <= step:
+            i, (_, ids, row_settings) = pending.pop(0)
+            rows[i] = decoder.add(ids, row_settings)
+        decoder.step()
+        step += 1
+    return [rows[i].generated for i in range(len(plan))]
+
+
+def alone(model, ids, make_settings):
+    return run(model, [(0, ids, make_settings())])[0]
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
+def test_a_seeded_row_draws_the_same_tokens_alone_and_in_any_batch(model, lossless):
+    """The row under test samples with its own generator; batches add greedy rows, rows sampling from the global
+    RNG and other seeded rows, with other windows, prompt lengths, modes and join steps."""
+    ids = prompt(9, seed=1)
+
+    def mine():
+        return settings(seeded(1234), window_size=6, lossless=lossless)
+
+    expected = alone(model, ids, mine)
+    assert len(expected) >= 10
+    assert expected != alone(model, ids, lambda: settings(seeded(99), window_size=6, lossless=lossless))
+    others = [
+        (0, prompt(3, seed=2), settings(window_size=16)),
+        (0, prompt(14, seed=3), settings(FillSampler(True), window_size=4, lossless=not lossless)),
+        (2, prompt(6, seed=4), settings(seeded(7), window_size=11, entropy_threshold=None)),
+        (5, prompt(21, seed=5), settings(FillSampler(True), window_size=2, lossless=True)),
+    ]
+    for join in (0, 3):
+        for k in range(1, len(others) + 1):
+            plan = others[:k] + [(join, ids, mine())]
+            assert run(model, plan)[-1] == expected, f"joined at step {join} with {k} other rows"
+
+
+def test_seeded_rows_repeat_with_the_same_seed_in_one_batch(model):
+    """Two rows with equal seeds and settings in one batch draw the same tokens as each other and as alone."""
+    ids = prompt(8, seed=6)
+    first, second = run(model, [(0, ids, settings(seeded(5))), (1, ids, settings(seeded(5)))])
+    assert first == second == alone(model, ids, lambda: settings(seeded(5)))
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
+def test_a_token_budget_prefills_a_long_prompt_in_chunks_with_the_same_tokens(model, lossless):
+    short = [(0, prompt(5, seed=s), settings(window_size=8, lossless=lossless)) for s in (7, 8, 9)]
+    plan = short + [(3, prompt(300, seed=10), settings(window_size=8, lossless=lossless))]
+    widths = Widths(model)
+    try:
+        free = run(model, plan)
+        unbounded = max(b * w for b, w in widths.shapes)
+        widths.shapes.clear()
+        budget = 96
+        bounded = run(model, plan, token_budget=budget)
+    finally:
+        widths.close()
+    assert bounded == free
+    assert unbounded >= 4 * 300  # without a budget, the long prompt widens the whole batch's forward
+    worst = max(b * w for b, w in widths.shapes)
+    assert worst <= max(budget, 4 * (2 * 8 + 1)), widths.shapes
+    assert len(widths.shapes) > len(free[-1])  # the prompt took extra steps
+
+
+def test_a_token_budget_alone_prefills_in_chunks_and_keeps_the_answer(model):
+    ids = prompt(200, seed=11)
+    expected = run(model, [(0, ids, settings(window_size=4))])
+    widths = Widths(model)
+    try:
+        chunked = run(model, [(0, ids, settings(window_size=4))], token_budget=32)
+    finally:
+        widths.close()
+    assert chunked == expected
+    assert max(w for _, w in widths.shapes) <= 32 and widths.shapes[0][1] < len(ids)
+
+
+def test_token_budget_must_be_positive(model):
+    with pytest.raises(ValueError, match="token_budget"):
+        StreamingDecoder(model, MASK_ID, token_budget=0)
