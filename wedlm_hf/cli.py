@@ -53,6 +53,13 @@ def non_negative_int(value: str) -> int:
     return number
 
 
+def tcp_port(value: str) -> int:
+    number = _number(int, value, "a whole number")
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a TCP port: give 0 to 65535 (0: any free one)")
+    return number
+
+
 def non_negative_float(value: str) -> float:
     number = _number(float, value, "a number")
     if not number >= 0:  # also refuses nan
@@ -321,10 +328,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint folder or Hub id (default: the shipped model)",
     )
     srv.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1: this machine only)")
-    srv.add_argument("--port", type=non_negative_int, default=8000, help="TCP port (0: any free one)")
+    srv.add_argument("--port", type=tcp_port, default=8000, help="TCP port, 0 to 65535 (0: any free one)")
+    srv.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model's name in the API (default: the --model folder's name or Hub id, or wedlm-hf-default)",
+    )
+    srv.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1 (default: WEDLM_HF_API_KEY if set, else no key)",
+    )
+    srv.add_argument(
+        "--allowed-hosts",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="Host header names accepted, '*' for any (default: the loopback names for a loopback --host, any "
+        "for 0.0.0.0, else --host itself)",
+    )
     srv.add_argument("--max-batch-size", type=positive_int, default=16, help="rows decoded together")
-    srv.add_argument("--max-queue", type=positive_int, default=64, help="requests waiting to join; beyond: 429")
-    srv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    srv.add_argument(
+        "--max-queue", type=positive_int, default=256, help="rows of all requests waiting to join; beyond: 429"
+    )
+    srv.add_argument("--max-request-rows", type=positive_int, default=64, help="rows of one request (prompts x n)")
+    srv.add_argument("--max-window-size", type=positive_int, default=64, help="largest wedlm_window_size accepted")
+    srv.add_argument(
+        "--max-step-tokens",
+        type=positive_int,
+        default=2048,
+        help="token rows one forward feeds; longer prompts are prefilled over several steps",
+    )
+    srv.add_argument(
+        "--max-request-bytes", type=positive_int, default=1 << 20, help="largest request body; beyond: 413"
+    )
+    srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     srv.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     srv.add_argument(
         "--shutdown-timeout", type=non_negative_float, default=10.0, help="seconds running requests get at exit"

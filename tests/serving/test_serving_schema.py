@@ -82,7 +82,7 @@ def test_default_values_of_unsupported_features_are_accepted():
         ({"wedlm_lossless": 1}, "wedlm_lossless"),
         ({"max_tokens": True}, "max_tokens"),
         ({"seed": 1.0}, "seed"),
-        ({"n": 17}, "n"),
+        ({"n": 129}, "n"),
         ({"stop": ""}, "stop"),
         ({"stop": [1]}, "stop"),
         ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),

@@ -1,7 +1,8 @@
 """The FastAPI application: OpenAI routes, server-sent events, the playground, health.
 
-Handlers never touch the model: they validate and tokenise a request, hand its choices to the scheduler's loop
-thread as a `Job`, and read the job's events from an asyncio queue that the loop thread feeds. A streamed response
+Handlers never touch the model: they read the body (at most --max-request-bytes), then parse, validate and
+tokenise it in a worker thread (never on the event loop, so a large request cannot stall the others), hand its
+choices to the scheduler's loop thread as a `Job`, and read the job's events from an asyncio queue that the loop thread feeds. A streamed response
 sends one chunk per commit and ends with `data: [DONE]`; when its client goes away Starlette cancels the
 generator and the `finally` cancels the job, whose rows the loop drops before its next step. A non-streamed
 request watches for the disconnect itself.
@@ -16,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .access import LOOPBACK_NAMES, AccessGuard
 from .engine import ServingEngine
 from .openai_schema import APIError, error_body, invalid, parse_chat, parse_completion
 from .responses import ResponseIds, chunk, full_body, sse, usage, usage_chunk
@@ -26,8 +28,9 @@ RETRY_AFTER_SECONDS = 1
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def create_app(engine: ServingEngine) -> FastAPI:
-    """The app serving `engine`; its lifespan starts the decoding loop and stops it after the last response."""
+def create_app(engine: ServingEngine, allowed_hosts: list[str] | None = None, api_key: str | None = None) -> FastAPI:
+    """The app serving `engine`; its lifespan starts the decoding loop and stops it after the last response.
+    Requests must name an allowed host (by default the loopback names) and, with `api_key`, carry the key."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -38,6 +41,7 @@ def create_app(engine: ServingEngine) -> FastAPI:
     # No /docs: FastAPI's docs page loads its scripts from a CDN, and the server promises to need none.
     app = FastAPI(title="wedlm-hf serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
+    app.add_middleware(AccessGuard, allowed_hosts=list(allowed_hosts or LOOPBACK_NAMES), api_key=api_key)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
@@ -68,8 +72,7 @@ def create_app(engine: ServingEngine) -> FastAPI:
         body = {
             "status": status,
             "model": engine.model_id,
-            "max_batch_size": scheduler.max_batch_size,
-            "max_queue": scheduler.max_queue,
+            **engine.limits.to_dict(),
             **scheduler.snapshot(),
         }
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
@@ -100,9 +103,8 @@ def _model_card(engine: ServingEngine) -> dict:
 
 
 async def _respond(engine: ServingEngine, request: Request, parse):
-    parsed = parse(await _json_body(request), engine.model_id, engine.defaults)
-    prompts = engine.encode(parsed)
-    choices = engine.choices(parsed, prompts)
+    raw = await _read_body(request, engine.limits.max_request_bytes)
+    parsed, prompts, choices = await asyncio.to_thread(_prepare, engine, parse, raw)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     job = Job(choices, emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
@@ -111,7 +113,7 @@ async def _respond(engine: ServingEngine, request: Request, parse):
     except QueueFull:
         raise APIError(
             429,
-            f"The server is at capacity ({engine.scheduler.max_queue} requests already waiting): retry after "
+            f"The server is at capacity (at most {engine.scheduler.max_queue} rows may wait to join the batch): retry after "
             f"{RETRY_AFTER_SECONDS} s.",
             code="queue_full",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
@@ -126,12 +128,39 @@ async def _respond(engine: ServingEngine, request: Request, parse):
     return await _collect(engine, request, job, events, ids, tally)
 
 
-async def _json_body(request: Request):
-    raw = await request.body()
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with a 413 as soon as it is known to exceed `limit` bytes (declared or received)."""
+    declared = request.headers.get("content-length", "")
+    too_large = APIError(
+        413,
+        f"The request body is larger than this server's limit of {limit} bytes (--max-request-bytes).",
+        code="request_too_large",
+    )
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _prepare(engine: ServingEngine, parse, raw: bytes):
+    """Body bytes to (request, token ids, choices): the slow part of a request, run in a worker thread."""
+    parsed = parse(_json_body(raw), engine.model_id, engine.defaults, engine.limits.max_window_size)
+    prompts = engine.encode(parsed)
+    return parsed, prompts, engine.choices(parsed, prompts)
+
+
+def _json_body(raw: bytes):
     try:
         return json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid(None, f"The request body is not valid JSON ({exc}).", code="invalid_json") from None
+    except RecursionError:
+        raise invalid(None, "The request body is nested too deeply to be a request.", code="invalid_json") from None
 
 
 def _no_constant(name: str):

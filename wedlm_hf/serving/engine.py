@@ -5,6 +5,10 @@ model decodes greedily unless a request sets `temperature` > 0), its eos token(s
 `max_position_embeddings` as the context. Every choice gets its own sampler generator (seeded from the request's
 `seed` and the choice index), so a sampled row draws the same tokens whatever else shares the batch; greedy rows
 share one sampler, which lets the decoder take their argmax in one call.
+
+Encoding runs in a worker thread, never on the event loop, and a text prompt that cannot fit the context is refused
+after tokenising only a prefix of it: no token covers more than `longest token` characters, so a prompt of more
+characters than that times the context is checked on its first (context + 2) tokens' worth of text.
 """
 
 import os
@@ -25,8 +29,9 @@ from ..modeling import WEDLM_GENERATION_DEFAULTS
 from ..modeling.streaming_decoder import DecodingSettings
 from ..modeling.window_filling import FillSampler
 from .incremental_text import IncrementalText
+from .limits import ServingLimits
 from .openai_schema import WEDLM_FIELDS, APIError, ParsedRequest, WeDLMOptions, invalid, wedlm_options
-from .scheduler import Choice, Scheduler
+from .scheduler import Choice, Scheduler, serving_limits
 
 DEFAULT_MODEL_ID = "wedlm-hf-default"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
@@ -34,7 +39,10 @@ _GREEDY = FillSampler(False)
 
 
 class ServingEngine:
-    def __init__(self, model, tokenizer, model_id: str, max_batch_size: int = 16, max_queue: int = 64):
+    """The model, its tokenizer and the loop that decodes for it; `limits` (or keyword limits) bound requests."""
+
+    def __init__(self, model, tokenizer, model_id: str, limits: ServingLimits | None = None, **kwargs):
+        self.limits = serving_limits(limits, **kwargs)
         mask_token_id = getattr(model.config, "mask_token_id", None)
         if mask_token_id is None:
             raise ValueError(
@@ -55,38 +63,57 @@ class ServingEngine:
             self.defaults = wedlm_options(given, WeDLMOptions(*(WEDLM_GENERATION_DEFAULTS[k] for k in WEDLM_FIELDS)))
         except APIError as exc:
             raise ValueError(f"generation_config.json of {model_id}: {exc.message}") from exc
+        if self.defaults.window_size > self.limits.max_window_size:
+            raise ValueError(
+                f"generation_config.json of {model_id} sets wedlm_window_size {self.defaults.window_size}, above "
+                f"--max-window-size {self.limits.max_window_size}: raise --max-window-size."
+            )
+        self._longest_token = max(map(len, tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))), default=1)
         self._sampling_defaults = (
             bool(generation.do_sample),
             generation.temperature,
             generation.top_p,
             generation.top_k,
         )
-        self.scheduler = Scheduler(model, int(mask_token_id), max_batch_size, max_queue)
+        self.scheduler = Scheduler(model, int(mask_token_id), self.limits)
 
     @classmethod
-    def load(cls, model: str | None = None, device: str | None = None, **kwargs) -> "ServingEngine":
-        """Loads a WeDLM checkpoint (folder or Hub id; the shipped model by default) in float32."""
+    def load(
+        cls, model: str | None = None, device: str | None = None, served_model_name: str | None = None, **kwargs
+    ) -> "ServingEngine":
+        """Loads a WeDLM checkpoint (folder or Hub id; the shipped model by default) in float32. Clients name it
+        `served_model_name`; by default the folder's own name (never its path), the Hub id, or wedlm-hf-default."""
         path = model or default_model_path()
         looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1  # a Hub id is NAME or ORG/NAME
         if looks_local and not os.path.isdir(os.path.expanduser(path)):
             raise FileNotFoundError(f"--model {path}: no such folder (give a checkpoint folder or a Hub id ORG/NAME)")
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = serving_device(device)
         tokenizer = AutoTokenizer.from_pretrained(path)
         loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-        return cls(loaded, tokenizer, model or DEFAULT_MODEL_ID, **kwargs)
+        return cls(loaded, tokenizer, served_model_name or default_model_name(model), **kwargs)
 
     # ---- prompts ------------------------------------------------------------------------------------------
 
     def encode(self, request: ParsedRequest) -> list[list[int]]:
-        """Token ids of each prompt (completions) or of the rendered conversation (chat)."""
+        """Token ids of each prompt (completions) or of the rendered conversation (chat). Slow for long text: call
+        it off the event loop."""
+        rows = len(request.prompts if request.kind == "completion" else [None]) * request.n
+        if rows > self.limits.max_request_rows:
+            raise invalid(
+                "n" if request.n > 1 else "prompt",
+                f"This request asks for {rows} completions (prompts x n); this server takes at most "
+                f"{self.limits.max_request_rows} per request (--max-request-rows): split it into several requests.",
+                code="too_many_rows",
+            )
         if request.kind == "chat":
             return [self._chat_ids(request.messages)]
         encoded = []
         for i, prompt in enumerate(request.prompts):
             param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
             if isinstance(prompt, str):
-                ids = self.tokenizer(prompt).input_ids
+                ids = self._text_ids(prompt, param)
             else:
+                self._check_length(len(prompt), param)
                 bad = [t for t in prompt if not 0 <= t < self.vocab_size]
                 if bad:
                     raise invalid(
@@ -110,10 +137,31 @@ class ServingEngine:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         except Exception as exc:  # the template refused the conversation (e.g. raise_exception in the template)
             raise invalid("messages", f"The chat template refused these messages: {exc}") from exc
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        ids = self._text_ids(text, "messages", add_special_tokens=False)
         if not ids:
             raise invalid("messages", "The chat template rendered these messages as an empty prompt.")
         return ids
+
+    def _text_ids(self, text: str, param: str, **kwargs) -> list[int]:
+        """Token ids of `text`; a text too long for the context is refused on a prefix, without encoding it all."""
+        if self.context is not None and len(text) > self._longest_token * (self.context + 2):
+            head = self.tokenizer(text[: self._longest_token * (self.context + 2)], **kwargs).input_ids
+            if len(head) > self.context + 1:  # one token more than the context, even if the cut split a token
+                self._check_length(len(head), param, at_least=True)
+        ids = self.tokenizer(text, **kwargs).input_ids
+        self._check_length(len(ids), param)
+        return ids
+
+    def _check_length(self, tokens: int, param: str, at_least: bool = False) -> None:
+        """A prompt must leave room for one new token."""
+        if self.context is not None and tokens >= self.context:
+            count = f"at least {tokens}" if at_least else str(tokens)
+            raise invalid(
+                param,
+                f"This model's maximum context length is {self.context} tokens and the prompt has {count}: "
+                "shorten the prompt.",
+                code="context_length_exceeded",
+            )
 
     def max_tokens(self, request: ParsedRequest, prompts: list[list[int]]) -> int:
         """The request's max_tokens, checked against the context (prompt + max_tokens <= max_position_embeddings)."""
@@ -179,6 +227,32 @@ class ServingEngine:
         seed = secrets.randbits(62) if request.seed is None else (request.seed * 1_000_003 + index) % 2**62
         generator = torch.Generator(device=self.model.device).manual_seed(seed)
         return FillSampler(True, warpers, generator=generator)
+
+
+def serving_device(device: str | None) -> torch.device:
+    """The device to serve on, checked before the model loads: CUDA when available unless told otherwise."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"--device {device!r} is not a torch device ({exc}): give cpu, cuda or cuda:N.") from None
+    try:
+        torch.empty(1, device=resolved)
+    except (RuntimeError, AssertionError) as exc:  # AssertionError: torch was built without that backend
+        found = "a CUDA GPU was found" if torch.cuda.is_available() else "no CUDA GPU is usable here"
+        raise ValueError(f"--device {device!r} cannot be used ({' '.join(str(exc).split())}); {found}.") from None
+    return resolved
+
+
+def default_model_name(model: str | None) -> str:
+    """What clients call the model when --served-model-name is not given: never a local path."""
+    if model is None:
+        return DEFAULT_MODEL_ID
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        return os.path.basename(os.path.normpath(os.path.abspath(path)))
+    return model
 
 
 def _ids(value) -> list[int]:

@@ -37,6 +37,7 @@ _ERROR_TYPES = {
     400: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     503: "server_unavailable",
 }
@@ -79,8 +80,9 @@ class ParsedRequest:
 
 
 WEDLM_FIELDS = ("wedlm_window_size", "wedlm_entropy_threshold", "wedlm_pos_penalty_factor", "wedlm_lossless")
-MAX_N = 16
+MAX_N = 128  # OpenAI's bound; the server's --max-request-rows bounds prompts x n further
 MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
 
 # Fields accepted only with the value that means "off"; anything else is refused as unsupported.
 _OFF_VALUES = {
@@ -121,18 +123,18 @@ _CHAT_FIELDS = (
 _ROLES = ("system", "developer", "user", "assistant")
 
 
-def parse_completion(body, model_id: str, defaults: WeDLMOptions) -> ParsedRequest:
+def parse_completion(body, model_id: str, defaults: WeDLMOptions, max_window: int | None = None) -> ParsedRequest:
     """`POST /v1/completions`: `prompt` is a string, a list of strings, a token-id list or a list of those."""
     body = _object(body)
     _known_fields(body, _COMPLETION_FIELDS)
     request = ParsedRequest(kind="completion")
     request.prompts = _prompts(body.get("prompt"))
     request.max_tokens = _positive_int(body, "max_tokens")
-    _common(body, request, model_id, defaults)
+    _common(body, request, model_id, defaults, max_window)
     return request
 
 
-def parse_chat(body, model_id: str, defaults: WeDLMOptions) -> ParsedRequest:
+def parse_chat(body, model_id: str, defaults: WeDLMOptions, max_window: int | None = None) -> ParsedRequest:
     """`POST /v1/chat/completions`: `messages` with text content (a string or text parts)."""
     body = _object(body)
     _known_fields(body, _CHAT_FIELDS)
@@ -143,7 +145,7 @@ def parse_chat(body, model_id: str, defaults: WeDLMOptions) -> ParsedRequest:
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise invalid("max_completion_tokens", "Give max_completion_tokens or max_tokens, not two different values.")
     request.max_tokens = max_completion if max_completion is not None else max_tokens
-    _common(body, request, model_id, defaults)
+    _common(body, request, model_id, defaults, max_window)
     return request
 
 
@@ -167,7 +169,7 @@ def _known_fields(body: dict, allowed: set[str]) -> None:
             raise invalid(name, f"{what} not supported by this server; leave {name} out.", "unsupported_parameter")
 
 
-def _common(body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMOptions) -> None:
+def _common(body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMOptions, max_window: int | None) -> None:
     model = body.get("model")
     if model is not None and model != model_id:
         raise APIError(
@@ -212,14 +214,20 @@ def _common(body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMOp
         if not isinstance(include, bool):
             raise invalid("stream_options", "stream_options.include_usage must be true or false.")
         request.include_usage = include
-    request.wedlm = wedlm_options(body, defaults)
+    request.wedlm = wedlm_options(body, defaults, max_window)
 
 
-def wedlm_options(body: dict, defaults: WeDLMOptions) -> WeDLMOptions:
-    """The body's `wedlm_*` fields over `defaults`, validated (400 naming the field)."""
+def wedlm_options(body: dict, defaults: WeDLMOptions, max_window: int | None = None) -> WeDLMOptions:
+    """The body's `wedlm_*` fields over `defaults`, validated (400 naming the field); W at most `max_window`."""
     window = body.get("wedlm_window_size", defaults.window_size)
     if not _is_int(window) or window < 1:
         raise invalid("wedlm_window_size", f"wedlm_window_size must be an integer >= 1 (16 is usual), got {window!r}.")
+    if max_window is not None and window > max_window:
+        raise invalid(
+            "wedlm_window_size",
+            f"wedlm_window_size {window} is above this server's limit of {max_window} (--max-window-size); "
+            "16 is usual.",
+        )
     threshold = body.get("wedlm_entropy_threshold", defaults.entropy_threshold)
     if threshold is not None and (not _is_number(threshold) or math.isnan(threshold) or threshold < 0):
         raise invalid(
@@ -243,10 +251,10 @@ def _prompts(prompt) -> list:
     if prompt is None:
         raise invalid("prompt", "prompt is required: a string, a list of strings, or token ids.", "missing_field")
     if isinstance(prompt, str):
-        return [prompt]
+        return [_text(prompt, "prompt")]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return list(prompt)
+            return [_text(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
         if all(_is_int(t) for t in prompt):
             return [list(prompt)]
         if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
@@ -268,20 +276,22 @@ def _messages(messages) -> list[dict]:
         role = message.get("role")
         if role not in _ROLES:
             raise invalid(f"{param}.role", f"{param}.role must be one of {', '.join(_ROLES)}, got {role!r}.")
+        if "name" in message and not isinstance(message["name"], str):
+            raise invalid(f"{param}.name", f"{param}.name must be a string.")
         parsed.append({"role": role, "content": _content(message.get("content"), f"{param}.content")})
     return parsed
 
 
 def _content(content, param: str) -> str:
     if isinstance(content, str):
-        return content
+        return _text(content, param)
     if isinstance(content, list):
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise invalid(param, f"{param} parts must be text parts ({{'type': 'text', 'text': ...}}).")
             texts.append(part["text"])
-        return "".join(texts)
+        return _text("".join(texts), param)
     raise invalid(param, f"{param} must be a string or a list of text parts.")
 
 
@@ -291,7 +301,21 @@ def _stop(stop) -> list[str]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stops):
         raise invalid("stop", f"stop must be a non-empty string or a list of up to {MAX_STOP_STRINGS} of them.")
-    return list(stops)
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise invalid("stop", f"stop strings must be at most {MAX_STOP_CHARS} characters long.")
+    return [_text(s, "stop") for s in stops]
+
+
+def _text(value: str, param: str) -> str:
+    """A string that is valid Unicode text: JSON can carry lone surrogates (\\ud800), which no tokenizer takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid(
+            param, f"{param} is not valid Unicode: a lone surrogate at character {exc.start} (e.g. \\ud800 without "
+            "its pair); send UTF-8 text.", code="invalid_text"
+        ) from None
+    return value
 
 
 def _positive_int(body: dict, name: str) -> int | None:

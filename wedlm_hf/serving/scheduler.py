@@ -1,7 +1,8 @@
 """The one decoding loop that owns the model: continuous batching of every request's rows on one `StreamingDecoder`.
 
-A background thread repeats: admit waiting rows (up to `max_batch_size` live rows; they join at the next step and
-their prompts are prefilled in that step's forward), drop the rows of cancelled jobs (a client that went away),
+A background thread repeats: admit waiting rows (up to `max_batch_size` live rows, fairly across requests and
+within the step's token budget, see `limits`; they join at the next step and their prompts are prefilled in that
+step's forward, or over several steps when long), drop the rows of cancelled jobs (a client that went away),
 `step()` once for the whole batch, and turn each changed row's new tokens into text events for its job. Handlers
 on the asyncio side talk to it only through `submit` / `cancel` (thread-safe) and the job's `emit` callback (which
 hands events to the event loop with `call_soon_threadsafe`).
@@ -21,6 +22,7 @@ import torch
 
 from ..modeling.streaming_decoder import DecodingRow, DecodingSettings, StreamingDecoder
 from .incremental_text import IncrementalText
+from .limits import ServingLimits
 
 
 @dataclass
@@ -74,9 +76,13 @@ class Job:
     cancelled: bool = False
     ended: bool = False
     submitted: float = field(default_factory=time.monotonic)
+    live: int = 0  # rows in the batch now
 
     def waiting(self) -> bool:
         return any(c.row is None and not c.finished for c in self.choices)
+
+    def unadmitted(self) -> int:
+        return sum(c.row is None and not c.finished for c in self.choices)
 
 
 class QueueFull(Exception):
@@ -87,20 +93,29 @@ class ShuttingDown(Exception):
     pass
 
 
+def serving_limits(limits: ServingLimits | None = None, **kwargs) -> ServingLimits:
+    """`limits`, or limits made from keyword overrides (a small `max_queue` also bounds rows per request)."""
+    if limits is not None:
+        if kwargs:
+            raise ValueError("Give either limits or keyword limits, not both.")
+        return limits
+    if "max_queue" in kwargs and "max_request_rows" not in kwargs:
+        kwargs["max_request_rows"] = min(ServingLimits.max_request_rows, kwargs["max_queue"])
+    return ServingLimits(**kwargs)
+
+
 class Scheduler:
-    def __init__(self, model, mask_token_id: int, max_batch_size: int = 16, max_queue: int = 64):
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}.")
-        if max_queue < 1:
-            raise ValueError(f"max_queue must be >= 1, got {max_queue}.")
+    def __init__(self, model, mask_token_id: int, limits: ServingLimits | None = None, **kwargs):
+        self.limits = serving_limits(limits, **kwargs)
         self.model = model
         self.mask_token_id = mask_token_id
-        self.max_batch_size = max_batch_size
-        self.max_queue = max_queue
-        self.decoder = StreamingDecoder(model, mask_token_id)
+        self.max_batch_size = self.limits.max_batch_size
+        self.max_queue = self.limits.max_queue  # rows, of all requests together
+        self.decoder = self._new_decoder()
         self.counters = {"steps": 0, "completed": 0, "cancelled": 0, "failed": 0, "step_failures": 0}
         self._lock = threading.Condition()
-        self._waiting: deque[Job] = deque()  # jobs with rows not yet admitted
+        self._waiting: deque[Job] = deque()  # jobs with rows not yet admitted, in arrival order
+        self._queued_rows = 0  # their rows not yet admitted
         self._jobs: set[Job] = set()  # every job not ended
         self._live: dict[DecodingRow, tuple[Job, Choice]] = {}
         self._closing_at: float | None = None  # shutdown: rows still live at this time are cancelled
@@ -116,8 +131,10 @@ class Scheduler:
         with self._lock:
             if self._closing_at is not None or self._stop:
                 raise ShuttingDown()
-            if len(self._waiting) >= self.max_queue:
+            rows = job.unadmitted()
+            if self._queued_rows + rows > self.max_queue:
                 raise QueueFull()
+            self._queued_rows += rows
             self._waiting.append(job)
             self._jobs.add(job)
             self._lock.notify()
@@ -154,6 +171,7 @@ class Scheduler:
             return {
                 "live_rows": len(self._live),
                 "waiting_requests": len(self._waiting),
+                "waiting_rows": self._queued_rows,
                 "open_requests": len(self._jobs),
                 **self.counters,
             }
@@ -182,21 +200,40 @@ class Scheduler:
         for job in list(self._jobs):
             self._fail(job, 503, "The server shut down before the request finished.")
 
+    def _new_decoder(self) -> StreamingDecoder:
+        return StreamingDecoder(self.model, self.mask_token_id, token_budget=self.limits.max_step_tokens)
+
     def _admit_locked(self) -> None:
-        for job in list(self._waiting):
-            for choice in job.choices:
-                if len(self._live) >= self.max_batch_size:
-                    return
-                if choice.row is None and not choice.finished and not job.cancelled:
-                    choice.row = self.decoder.add(choice.prompt, choice.settings)
-                    self._live[choice.row] = (job, choice)
+        """Admits one row at a time from the waiting request with the fewest live rows (the earliest on ties), up
+        to the batch size, a request's share of it, and the step's token budget."""
+        share = self.limits.request_share
+        widest = max((choice.settings.window_size for _, choice in self._live.values()), default=0)
+        while len(self._live) < self.max_batch_size:
+            candidates = [job for job in self._waiting if not job.cancelled and job.live < share]
+            if not candidates:
+                return
+            job = min(candidates, key=lambda j: j.live)  # min keeps the first of equals: arrival order
+            choice = next(c for c in job.choices if c.row is None and not c.finished)
+            window = max(widest, choice.settings.window_size)
+            if self._live and self.limits.step_cost(len(self._live) + 1, window) > self.limits.max_step_tokens:
+                return
+            widest = window
+            choice.row = self.decoder.add(choice.prompt, choice.settings)
+            self._live[choice.row] = (job, choice)
+            job.live += 1
+            self._queued_rows -= 1
             if not job.waiting():
                 self._waiting.remove(job)
+
+    def _unqueue_locked(self, job: Job) -> None:
+        if job in self._waiting:
+            self._waiting.remove(job)
+            self._queued_rows -= job.unadmitted()
 
     def _fail_unstarted_locked(self) -> None:
         for job in list(self._waiting):
             if all(c.row is None for c in job.choices):
-                self._waiting.remove(job)
+                self._unqueue_locked(job)
                 self._fail(job, 503, "The server is shutting down; the request was not started. Retry later.")
 
     def _drop_cancelled(self) -> None:
@@ -217,7 +254,7 @@ class Scheduler:
             self.counters["step_failures"] += 1
             jobs = {job for job, _ in self._live.values()}
             self._live.clear()
-            self.decoder = StreamingDecoder(self.model, self.mask_token_id)
+            self.decoder = self._new_decoder()
             for job in jobs:
                 self._fail(
                     job, 500, f"Decoding failed for the batch this request was in ({type(exc).__name__}: {exc})."
@@ -247,6 +284,7 @@ class Scheduler:
             job.emit(Delta(choice.index, text, row.stats.forwards, new_tokens))
         if row.done:
             self._live.pop(row, None)
+            job.live -= 1
             choice.finished = True
             reason = "stop" if choice.text.stopped or row.finish_reason == "stop" else "length"
             job.emit(Finish(choice.index, reason, len(row.prompt), len(row.generated), row.stats.forwards))
@@ -257,6 +295,8 @@ class Scheduler:
 
     def _end(self, job: Job, reason: str) -> None:
         """Drops every row of `job` from the decoder and forgets the job."""
+        with self._lock:
+            self._unqueue_locked(job)
         for choice in job.choices:
             if choice.row is not None and choice.row in self._live:
                 del self._live[choice.row]
@@ -266,10 +306,8 @@ class Scheduler:
                     pass
             choice.finished = True
         job.ended = True
+        job.live = 0
         self._jobs.discard(job)
-        with self._lock:
-            if job in self._waiting:
-                self._waiting.remove(job)
         self.counters["cancelled" if reason == "cancelled" else "failed"] += 1
 
     def _fail(self, job: Job, status: int, message: str) -> None:

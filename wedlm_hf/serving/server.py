@@ -4,20 +4,26 @@ On SIGINT / SIGTERM uvicorn stops accepting connections and waits for open respo
 tells the decoding loop to drain: requests not started yet get a 503 at once, running ones get `shutdown_timeout`
 seconds to finish, and whatever is still running then ends with an error event (streams) or a 503 (others). Only
 then does uvicorn run the lifespan shutdown, which stops the loop thread, and the process exits. A second Ctrl+C
-quits at once.
+quits at once. The address is printed once the socket is bound (with `--port 0`, the port the system chose).
 """
 
+import os
 import socket
 
 import torch
 import uvicorn
 
+from .access import default_allowed_hosts
 from .app import create_app
-from .engine import ServingEngine
+from .engine import ServingEngine, serving_device
+from .limits import ServingLimits
+
+API_KEY_ENV = "WEDLM_HF_API_KEY"
 
 
 class ServingServer(uvicorn.Server):
-    """A uvicorn server whose shutdown drains the engine's decoding loop first."""
+    """A uvicorn server whose shutdown drains the engine's decoding loop first. `allowed_hosts` defaults to what
+    the bound address implies (`access.default_allowed_hosts`); `announce(url)` is called once it listens."""
 
     def __init__(
         self,
@@ -26,11 +32,16 @@ class ServingServer(uvicorn.Server):
         port: int = 8000,
         shutdown_timeout: float = 10.0,
         log_level: str = "info",
+        allowed_hosts: list[str] | None = None,
+        api_key: str | None = None,
+        announce=None,
     ):
         self.engine = engine
         self.shutdown_timeout = shutdown_timeout
+        self.announce = announce
+        app = create_app(engine, allowed_hosts or default_allowed_hosts(host), api_key=api_key)
         config = uvicorn.Config(
-            create_app(engine),
+            app,
             host=host,
             port=port,
             log_level=log_level,
@@ -40,6 +51,12 @@ class ServingServer(uvicorn.Server):
         )
         super().__init__(config)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.announce is not None and self.started:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            self.announce(f"http://{f'[{host}]' if ':' in host else host}:{port}")
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.engine.scheduler.begin_shutdown(self.shutdown_timeout)
         await super().shutdown(sockets=sockets)
@@ -47,25 +64,48 @@ class ServingServer(uvicorn.Server):
 
 def serve_command(args) -> None:
     """`wedlm-hf serve`."""
-    for name in ("max_batch_size", "max_queue"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
     if args.shutdown_timeout < 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}.")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        limits = ServingLimits(
+            max_batch_size=args.max_batch_size,
+            max_queue=args.max_queue,
+            max_request_rows=args.max_request_rows,
+            max_window_size=args.max_window_size,
+            max_step_tokens=args.max_step_tokens,
+            max_request_bytes=args.max_request_bytes,
+        )
+        device = serving_device(args.device)  # before the model loads
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
         engine = ServingEngine.load(
-            args.model, device=args.device, max_batch_size=args.max_batch_size, max_queue=args.max_queue
+            args.model, device=str(device), served_model_name=args.served_model_name, limits=limits
         )
     except ValueError as exc:
-        raise SystemExit(f"wedlm-hf serve: {exc}") from None
-    print(
-        f"serving {engine.model_id} on http://{args.host}:{args.port} (playground: /, API: /v1, health: /health); "
-        f"max batch size {args.max_batch_size}, max queue {args.max_queue}",
-        flush=True,
+        raise SystemExit(str(exc)) from None
+
+    def announce(url: str) -> None:
+        print(
+            f"serving {engine.model_id} on {url} (playground: /, API: /v1, health: /health); max batch size "
+            f"{limits.max_batch_size}, max queue {limits.max_queue} rows"
+            + ("; API key required" if api_key else ""),
+            flush=True,
+        )
+
+    server = ServingServer(
+        engine,
+        args.host,
+        args.port,
+        args.shutdown_timeout,
+        allowed_hosts=args.allowed_hosts,
+        api_key=api_key,
+        announce=announce,
     )
     try:
-        ServingServer(engine, args.host, args.port, args.shutdown_timeout).run()
+        server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it handled; the shutdown is already complete
         pass
