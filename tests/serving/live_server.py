@@ -40,13 +40,15 @@ def engine(**kwargs) -> ServingEngine:
 class LiveServer:
     """`ServingServer` on a socket bound here first (so the port is known and cannot be raced), run in a thread."""
 
-    def __init__(self, serving_engine: ServingEngine | None = None, shutdown_timeout: float = 5.0):
+    def __init__(self, serving_engine: ServingEngine | None = None, shutdown_timeout: float = 5.0, **server_kwargs):
         self.engine = serving_engine or engine()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.server = ServingServer(self.engine, port=self.port, shutdown_timeout=shutdown_timeout, log_level="warning")
+        self.server = ServingServer(
+            self.engine, port=self.port, shutdown_timeout=shutdown_timeout, log_level="warning", **server_kwargs
+        )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property

@@ -67,3 +67,22 @@ def test_playground_streams_the_api_answer_coloured_by_forward(chromium, tmp_pat
     background = max(colours)[1]
     not_background = sum(count for count, colour in colours if colour != background)
     assert len(colours) > 20 and not_background > 0.05 * region.width * region.height
+
+
+def test_playground_asks_for_the_api_key_the_server_requires(chromium):
+    with LiveServer(api_key="s3cret") as server:
+        browser = Browser(chromium)
+        try:
+            browser.goto(server.url + "/")
+            browser.wait_for("!document.getElementById('key-field').hidden")
+            assert "401" not in browser.eval("document.getElementById('model').textContent")
+            browser.type_into("#api-key", "s3cret")
+            browser.wait_for(f"document.getElementById('model').textContent === {MODEL_ID!r}")
+            browser.type_into("#prompt", PROMPT)
+            browser.type_into("#max-tokens", "8")
+            browser.click("#send")
+            browser.wait_for("document.getElementById('status').textContent === 'done'")
+            text = browser.eval("document.getElementById('out').textContent")
+        finally:
+            browser.close()
+    assert text == offline_text(PROMPT, 8, wedlm_window_size=16, wedlm_entropy_threshold=0.4)[0]

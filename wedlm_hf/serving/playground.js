@@ -7,10 +7,23 @@ const $ = (id) => document.getElementById(id);
 let modelId = null;
 let controller = null;
 
-fetch("/v1/models")
-  .then((r) => r.json())
-  .then((body) => { modelId = body.data[0].id; $("model").textContent = modelId; })
-  .catch(() => { $("model").textContent = "(unavailable)"; });
+// A server started with --api-key answers 401 until the key is typed into the field it then shows.
+function authHeaders() {
+  const key = $("api-key").value.trim();
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+function loadModel() {
+  fetch("/v1/models", { headers: authHeaders() })
+    .then((r) => {
+      if (r.status === 401) { $("key-field").hidden = false; throw new Error("API key needed"); }
+      return r.json();
+    })
+    .then((body) => { modelId = body.data[0].id; $("model").textContent = modelId; })
+    .catch((e) => { $("model").textContent = `(unavailable: ${e.message})`; });
+}
+loadModel();
+$("api-key").addEventListener("input", loadModel);
 
 function setStatus(text, isError = false) {
   $("status").textContent = text;
@@ -57,7 +70,7 @@ async function generate() {
   try {
     const response = await fetch("/v1/completions", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: { "Content-Type": "application/json", ...authHeaders() },
       body: JSON.stringify(requestBody()),
       signal: controller.signal,
     });
