@@ -2,7 +2,10 @@
 
 - `openai_schema`: request bodies in, validated `ParsedRequest` out; OpenAI-style error bodies.
 - `engine`: the served model: loading, prompt encoding, context limits, each choice's decoding settings.
-- `scheduler`: the one decoding loop that owns the model (continuous batching on one `StreamingDecoder`).
+- `limits`: the bounds on what one request may ask for, and its share of the batch.
+- `access`: the Host check, the API key and JSON-only bodies (an ASGI middleware).
+- `scheduler`: the one decoding loop that owns the model (continuous batching on one `StreamingDecoder`, fair
+  admission across requests).
 - `incremental_text`: a row's tokens as text, piece by piece, cut at stop strings.
 - `responses`: OpenAI response bodies and stream chunks.
 - `app`: the FastAPI routes and the playground page (`playground.html`, `playground.js`).
