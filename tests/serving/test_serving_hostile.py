@@ -311,3 +311,11 @@ def test_allowed_hosts_can_be_widened():
     with LiveServer(allowed_hosts=["*"]) as live:
         anything = httpx.post(f"{live.url}/v1/completions", json=body, headers={"Host": "evil.example"})
         assert anything.status_code == 200
+
+
+def test_the_command_line_defaults_are_the_limits_defaults():
+    from wedlm_hf.cli import build_parser
+    from wedlm_hf.serving.limits import ServingLimits
+
+    args = build_parser().parse_args(["serve"])
+    assert {name: getattr(args, name) for name in ServingLimits().to_dict()} == ServingLimits().to_dict()
