@@ -68,14 +68,7 @@ def serve_command(args) -> None:
         raise SystemExit(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}.")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     try:
-        limits = ServingLimits(
-            max_batch_size=args.max_batch_size,
-            max_queue=args.max_queue,
-            max_request_rows=args.max_request_rows,
-            max_window_size=args.max_window_size,
-            max_step_tokens=args.max_step_tokens,
-            max_request_bytes=args.max_request_bytes,
-        )
+        limits = ServingLimits(**{name: getattr(args, name) for name in ServingLimits().to_dict()})  # --max-*
         device = serving_device(args.device)  # before the model loads
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
