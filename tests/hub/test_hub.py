@@ -447,8 +447,14 @@ def test_pipeline_passes_strategy_through(tmp_path, char_tokenizer):
     model.save_pretrained(tmp_path, tokenizer=char_tokenizer)
     pipe = pipeline("text-generation", model=str(tmp_path), trust_remote_code=True)
     prompt = "hello"
-    text = pipe(
-        prompt, strategy="wedlm", max_new_tokens=10, wedlm_window_size=4, eos_token_id=None, return_full_text=False
+    text = pipe(  # the pipeline samples unless told otherwise
+        prompt,
+        strategy="wedlm",
+        max_new_tokens=10,
+        wedlm_window_size=4,
+        eos_token_id=None,
+        return_full_text=False,
+        do_sample=False,
     )[0]["generated_text"]
     ids = char_tokenizer(prompt, return_tensors="pt").input_ids
     direct = model.generate(ids, strategy="wedlm", max_new_tokens=10, wedlm_window_size=4, eos_token_id=None)
