@@ -1,0 +1,92 @@
+"""What loading a WeDLM checkpoint checks beyond transformers, so that a wrong checkpoint fails with the fix to apply.
+
+A config whose attention switches contradict the weights would build a different attention (transformers drops the
+extra tensors, or leaves the missing ones random, with only a load report); a truncated weight file would fail inside
+safetensors without its name.
+"""
+
+import json
+import re
+from pathlib import Path
+
+from transformers.utils import cached_file
+
+_QK_NORM = re.compile(r"(^|\.)self_attn\.[qk]_norm\.weight$")
+_QKV_BIAS = re.compile(r"(^|\.)self_attn\.[qkv]_proj\.bias$")
+_ATTENTION_WEIGHT = re.compile(r"(^|\.)self_attn\.[qkvo]_proj\.weight$")
+
+
+def check_attention_weights(config, info: dict, source) -> None:
+    """Weights the config's attention switches leave out (or ask for) mean the config describes another model:
+    with `qk_norm` or `attention_bias` wrong, the norms or biases would be silently dropped (or left random)."""
+    missing, unexpected = set(info["missing_keys"]), set(info["unexpected_keys"])
+    # Keys missing because no attention weight loaded at all (another model's checkpoint) say nothing about switches.
+    attention_loaded = not any(_ATTENTION_WEIGHT.search(key) for key in missing)
+    problems = []
+    for pattern, what, field in (
+        (_QK_NORM, "q_norm/k_norm weights", "qk_norm"),
+        (_QKV_BIAS, "q/k/v biases", "attention_bias"),
+    ):
+        if any(pattern.search(key) for key in unexpected):
+            problems.append(f'the checkpoint has {what} but config.{field} is false: set "{field}": true')
+        elif attention_loaded and any(pattern.search(key) for key in missing):
+            problems.append(f'the checkpoint has no {what} but config.{field} is true: set "{field}": false')
+    if problems:
+        raise ValueError(
+            f"The weights of {source or 'the checkpoint'} do not match its WeDLM config: {'; '.join(problems)} in "
+            "config.json (or in the config passed to from_pretrained)."
+        )
+
+
+def unreadable_weights(error: Exception, pretrained_model_name_or_path, kwargs: dict) -> OSError | None:
+    """The error to raise instead of `error` when a weight file could not be read (naming the file), else None."""
+    if type(error).__module__.split(".")[0] != "safetensors":
+        return None
+    damaged = damaged_safetensors(checkpoint_folder(pretrained_model_name_or_path, kwargs))
+    if not damaged:
+        return OSError(f"Could not read the safetensors weights of {pretrained_model_name_or_path}: {error}")
+    files = ", ".join(map(str, damaged))
+    return OSError(
+        f"{files} {'is' if len(damaged) == 1 else 'are'} damaged or incomplete (cut short or corrupted: "
+        f"{error}): download the checkpoint again, or re-save the model with save_pretrained."
+    )
+
+
+def checkpoint_folder(pretrained_model_name_or_path, kwargs: dict) -> Path | None:
+    """The local folder holding the checkpoint's files: the path itself, or the Hub cache snapshot of a repo id."""
+    if pretrained_model_name_or_path is None:
+        return None
+    subfolder = kwargs.get("subfolder") or ""
+    folder = Path(pretrained_model_name_or_path, subfolder)
+    if folder.is_dir():
+        return folder
+    try:
+        config = cached_file(
+            pretrained_model_name_or_path,
+            "config.json",
+            subfolder=subfolder,
+            cache_dir=kwargs.get("cache_dir"),
+            revision=kwargs.get("revision"),
+            local_files_only=True,
+        )
+    except OSError:
+        return None
+    return Path(config).parent if config else None
+
+
+def damaged_safetensors(folder: Path | None) -> list[Path]:
+    """The .safetensors files in `folder` whose header is unreadable or whose size differs from what it declares."""
+    damaged = []
+    for path in sorted(folder.glob("*.safetensors")) if folder is not None else []:
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as file:
+                header_size = int.from_bytes(file.read(8), "little")
+                header = json.loads(file.read(header_size)) if 8 + header_size <= size else None
+            ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+            intact = 8 + header_size + max(ends, default=0) == size
+        except (OSError, ValueError, AttributeError, KeyError, IndexError, TypeError):
+            intact = False
+        if not intact:
+            damaged.append(path)
+    return damaged
