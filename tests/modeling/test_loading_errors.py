@@ -2,7 +2,7 @@
 
 A config that omits `qk_norm` (or has the wrong `attention_bias`) builds a different attention: transformers would
 drop the checkpoint's q/k norms or biases (or leave them random) with only a load report. Truncated weights would
-fail inside safetensors without the file's name.
+fail inside safetensors without the file's name. A broken generation_config.json would be replaced by the defaults.
 """
 
 import json
@@ -86,3 +86,41 @@ def test_truncated_shard_is_the_one_named(tmp_path):
     with pytest.raises(OSError, match="damaged or incomplete") as error:
         WeDLMForCausalLM.from_pretrained(tmp_path)
     assert str(shards[-1]) in str(error.value) and all(str(s) not in str(error.value) for s in shards[:-1])
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            '{\n  "strategy": "wedlm",\n  "wedlm_window_size": 4,\n}',  # a trailing comma
+            r"is not valid JSON \(Expecting property name enclosed in double quotes at line 4, column 1\): fix it",
+        ),
+        ("[16]", "holds an array, not a JSON object of generation settings"),
+        ('{"strategy": "fast"}', "strategy must be one of ar, wedlm, got 'fast'"),
+        ('{"strategy": "wedlm", "wedlm_window_size": 0}', r"wedlm_window_size must be an integer >= 1 .*got 0\."),
+        ('{"wedlm_lossless": "yes"}', "wedlm_lossless must be True or False"),
+        ('{"max_new_tokens": -3}', "`max_new_tokens` must be greater than 0, but is -3"),  # GenerationConfig's own
+    ],
+    ids=["not-json", "array", "strategy", "window-size", "lossless", "max-new-tokens"],
+)
+def test_an_invalid_generation_config_is_named_not_replaced_by_defaults(tmp_path, text, message):
+    """Before: a file that is not JSON loaded as the defaults (strategy "ar", W 16), invalid wedlm values loaded as
+    they were, and transformers' own refusals did not name the file."""
+    save(tmp_path, QWEN3)
+    path = tmp_path / "generation_config.json"
+    path.write_text(text)
+    for load in (WeDLMForCausalLM.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        with pytest.raises(ValueError, match=f"^{path} .*{message}"):
+            load(tmp_path)
+    path.write_text('{"strategy": "wedlm", "wedlm_window_size": 4, "top_k": 1}')  # valid: read as written
+    config = AutoModelForCausalLM.from_pretrained(tmp_path).generation_config
+    assert (config.strategy, config.wedlm_window_size, config.top_k, config.wedlm_pos_penalty_factor) == (
+        "wedlm",
+        4,
+        1,
+        0.02,
+    )
+    path.unlink()  # no generation_config.json at all: the defaults
+    config = WeDLMForCausalLM.from_pretrained(tmp_path).generation_config
+    assert (config.strategy, config.wedlm_window_size) == ("ar", 16)
+

@@ -2,14 +2,83 @@
 
 A config whose attention switches contradict the weights would build a different attention (transformers drops the
 extra tensors, or leaves the missing ones random, with only a load report); a truncated weight file would fail inside
-safetensors without its name.
+safetensors without its name. A `generation_config.json` that is not JSON would be read as absent (transformers
+catches the error and decodes with the defaults: `strategy` "ar", W 16), and one with a refused value would fail
+without the file's name, so it is read here first.
 """
 
 import json
 import re
 from pathlib import Path
 
-from transformers.utils import cached_file
+from transformers import GenerationConfig
+from transformers.utils import GENERATION_CONFIG_NAME, cached_file
+
+from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS, validate_wedlm_settings
+
+# What `cached_file` takes from from_pretrained's arguments, to find the same files transformers reads.
+_HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "revision", "local_files_only", "subfolder")
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def check_checkpoint_files(pretrained_model_name_or_path, kwargs: dict, can_generate: bool) -> None:
+    """Before transformers loads: the checkpoint files it would read, where it would replace or misreport them."""
+    if pretrained_model_name_or_path is None or kwargs.get("gguf_file"):
+        return
+    if can_generate and kwargs.get("generation_config") is None:  # else transformers does not read the file
+        path = checkpoint_file(pretrained_model_name_or_path, GENERATION_CONFIG_NAME, kwargs)
+        if path is not None:
+            check_generation_config(path)
+
+
+def checkpoint_file(pretrained_model_name_or_path, filename: str, kwargs: dict) -> Path | None:
+    """The checkpoint's `filename` as a local file (in the folder, or fetched into the Hub cache as transformers
+    would), or None when there is none or it cannot be fetched (transformers then reports that itself)."""
+    try:
+        found = cached_file(
+            pretrained_model_name_or_path,
+            filename,
+            **{key: kwargs[key] for key in _HUB_KWARGS if key in kwargs},
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+    except OSError:
+        return None
+    return Path(found) if found else None
+
+
+def check_generation_config(path: Path) -> None:
+    """A ValueError naming `path` and the problem when it is not JSON, not an object, or holds a value that
+    GenerationConfig or WeDLM decoding refuses."""
+    fix = "fix it, or delete the file to decode with the default settings"
+    try:
+        values = json.loads(path.read_bytes().decode("utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}): {fix}."
+        ) from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): {fix}.") from None
+    if not isinstance(values, dict):
+        kind = _JSON_KINDS.get(type(values), "null")
+        raise ValueError(f"{path} holds {kind}, not a JSON object of generation settings: {fix}.")
+    try:
+        GenerationConfig.from_dict(dict(values))  # transformers' own checks, as loading would run them
+        strategy = values.get("strategy")
+        if strategy is not None and strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}.")
+        setting = {**WEDLM_GENERATION_DEFAULTS, **values}
+        validate_wedlm_settings(
+            setting["wedlm_window_size"],
+            setting["wedlm_entropy_threshold"],
+            setting["wedlm_pos_penalty_factor"],
+            setting["wedlm_lossless"],
+        )
+    except (ValueError, TypeError, AttributeError) as error:
+        raise ValueError(
+            f"{path} has a setting that generation refuses: {error} Correct it in that file, or remove the entry to "
+            "use the default."
+        ) from error
 
 _QK_NORM = re.compile(r"(^|\.)self_attn\.[qk]_norm\.weight$")
 _QKV_BIAS = re.compile(r"(^|\.)self_attn\.[qkv]_proj\.bias$")

@@ -31,7 +31,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from .configuration_wedlm import WeDLMConfig
 from .dual_stream_loss import additive_attention_mask, dual_stream_loss
 from .generation_wedlm import STRATEGIES, ensure_wedlm_generation_defaults, generate_wedlm, resolve_strategy
-from .loading_checks import check_attention_weights, unreadable_weights
+from .loading_checks import check_attention_weights, check_checkpoint_files, unreadable_weights
 from .ragged_cache import CACHE_KWARG
 
 
@@ -85,7 +85,9 @@ class WeDLMPreTrainedModel(Qwen3PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path=None, *args, output_loading_info: bool = False, **kwargs):
         """`PreTrainedModel.from_pretrained`, refusing weights that contradict the config's attention switches (they
-        would build a different model, with the extra tensors dropped) and naming a damaged safetensors file."""
+        would build a different model, with the extra tensors dropped), naming a damaged safetensors file, and
+        naming a generation_config.json it would otherwise replace by the defaults."""
+        check_checkpoint_files(pretrained_model_name_or_path, kwargs, cls.can_generate())
         try:
             model, info = super().from_pretrained(
                 pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
