@@ -2,14 +2,15 @@
 
 A config that omits `qk_norm` (or has the wrong `attention_bias`) builds a different attention: transformers would
 drop the checkpoint's q/k norms or biases (or leave them random) with only a load report. Truncated weights would
-fail inside safetensors without the file's name. A broken generation_config.json would be replaced by the defaults.
+fail inside safetensors without the file's name. A broken generation_config.json would be replaced by the defaults,
+and a config.json without the model's sizes would build a model of the default size.
 """
 
 import json
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import run_without_wedlm_hf, tiny_config
 from transformers import AutoModelForCausalLM
 
 from wedlm_hf import WeDLMForCausalLM
@@ -124,3 +125,47 @@ def test_an_invalid_generation_config_is_named_not_replaced_by_defaults(tmp_path
     config = WeDLMForCausalLM.from_pretrained(tmp_path).generation_config
     assert (config.strategy, config.wedlm_window_size) == ("ar", 16)
 
+
+
+@pytest.mark.parametrize(
+    "field", ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"]
+)
+def test_a_config_without_a_model_size_names_it(tmp_path, field):
+    """Before: the defaults (4096 wide, 32 layers) built another model, and loading ended in transformers' long
+    report of mismatched weights (or, through AutoConfig, a layer_types validation error)."""
+    save(tmp_path, QWEN3, {field: None})
+    for load in (WeDLMForCausalLM.from_pretrained, AutoModelForCausalLM.from_pretrained, WeDLMModel.from_pretrained):
+        with pytest.raises(ValueError, match=f"^{tmp_path / 'config.json'} lacks the model size {field}: add it"):
+            load(tmp_path)
+
+
+def test_a_config_without_several_sizes_names_them_all(tmp_path):
+    save(tmp_path, QWEN3, {"hidden_size": None, "vocab_size": None})
+    with pytest.raises(ValueError, match="lacks the model sizes vocab_size, hidden_size: add them"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+# Loads each folder as remote code (run where wedlm_hf cannot be imported) and reports how each load failed.
+REMOTE = """
+    import json, sys
+
+    from transformers import AutoModelForCausalLM
+
+    errors = []
+    for folder in sys.argv[1:]:
+        try:
+            AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+            errors.append(None)
+        except Exception as error:
+            errors.append([type(error).__name__, str(error)])
+    print("RESULT " + json.dumps(errors))
+    """
+
+
+def test_remote_code_names_the_files_too(tmp_path):
+    save(tmp_path / "sizes", QWEN3, {"num_hidden_layers": None})
+    save(tmp_path / "generation", QWEN3)
+    (tmp_path / "generation" / "generation_config.json").write_text('{"wedlm_window_size": 0}')
+    sizes, generation = run_without_wedlm_hf(REMOTE, [str(tmp_path / "sizes"), str(tmp_path / "generation")], tmp_path)
+    assert sizes[0] == "ValueError" and sizes[1].startswith(f"{tmp_path / 'sizes' / 'config.json'} lacks the model size")
+    assert generation[0] == "ValueError" and "generation_config.json has a setting" in generation[1]

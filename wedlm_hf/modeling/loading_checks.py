@@ -4,7 +4,8 @@ A config whose attention switches contradict the weights would build a different
 extra tensors, or leaves the missing ones random, with only a load report); a truncated weight file would fail inside
 safetensors without its name. A `generation_config.json` that is not JSON would be read as absent (transformers
 catches the error and decodes with the defaults: `strategy` "ar", W 16), and one with a refused value would fail
-without the file's name, so it is read here first.
+without the file's name, so it is read here first. A `config.json` without the model's sizes would build the
+model with Qwen3's defaults (4096 wide, 32 layers) and end in a long report of every mismatched weight.
 """
 
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 from transformers import GenerationConfig
 from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 
+from .configuration_wedlm import check_sizes
 from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS, validate_wedlm_settings
 
 # What `cached_file` takes from from_pretrained's arguments, to find the same files transformers reads.
@@ -25,6 +27,10 @@ def check_checkpoint_files(pretrained_model_name_or_path, kwargs: dict, can_gene
     """Before transformers loads: the checkpoint files it would read, where it would replace or misreport them."""
     if pretrained_model_name_or_path is None or kwargs.get("gguf_file"):
         return
+    if kwargs.get("config") is None:  # transformers reads config.json (the Auto classes check it as they read it)
+        path = checkpoint_file(pretrained_model_name_or_path, "config.json", kwargs)
+        if path is not None:
+            check_config_sizes(path)
     if can_generate and kwargs.get("generation_config") is None:  # else transformers does not read the file
         path = checkpoint_file(pretrained_model_name_or_path, GENERATION_CONFIG_NAME, kwargs)
         if path is not None:
@@ -45,6 +51,17 @@ def checkpoint_file(pretrained_model_name_or_path, filename: str, kwargs: dict) 
     except OSError:
         return None
     return Path(found) if found else None
+
+
+def check_config_sizes(path: Path) -> None:
+    """A ValueError naming `path` and the size fields it lacks (a config.json that is not a JSON object is left to
+    transformers, whose error names the file)."""
+    try:
+        values = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return
+    if isinstance(values, dict):
+        check_sizes(values, path)
 
 
 def check_generation_config(path: Path) -> None:
