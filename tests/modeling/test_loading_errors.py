@@ -3,9 +3,11 @@
 A config that omits `qk_norm` (or has the wrong `attention_bias`) builds a different attention: transformers would
 drop the checkpoint's q/k norms or biases (or leave them random) with only a load report. Truncated weights would
 fail inside safetensors without the file's name. A broken generation_config.json would be replaced by the defaults,
-and a config.json without the model's sizes would build a model of the default size.
+and a config.json without the model's sizes would build a model of the default size. Pickle weights that torch
+refuses would end in torch's multi-line message.
 """
 
+import argparse
 import json
 
 import pytest
@@ -89,6 +91,43 @@ def test_truncated_shard_is_the_one_named(tmp_path):
     assert str(shards[-1]) in str(error.value) and all(str(s) not in str(error.value) for s in shards[:-1])
 
 
+
+def save_pickle(folder, **extra):
+    """A checkpoint whose weights are a pickle (pytorch_model.bin) instead of safetensors, with `extra` entries."""
+    model = save(folder, QWEN3)
+    (folder / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), **extra}, folder / "pytorch_model.bin")
+    return model
+
+
+def test_pickle_weights_torch_refuses_name_the_file_and_the_fix(tmp_path):
+    """Before: torch's multi-line UnpicklingError, naming no file."""
+    saved = save_pickle(tmp_path, training_args=argparse.Namespace(lr=1e-3))  # what a training script may pickle
+    weights = tmp_path / "pytorch_model.bin"
+    for load in (WeDLMForCausalLM.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        with pytest.raises(OSError) as refused:
+            load(tmp_path)
+        message = str(refused.value)
+        assert message.startswith(f"{weights} is pickle weights that torch.load(weights_only=True) refuses (Unsupp")
+        assert "argparse.Namespace" in message and "\n" not in message
+    # The fix it names works: allowed once, saved as safetensors, the checkpoint then loads as it is.
+    assert "with torch.serialization.safe_globals([argparse.Namespace]):` and save it with save_pretrained" in message
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        WeDLMForCausalLM.from_pretrained(tmp_path).save_pretrained(tmp_path / "fixed")
+    fixed = WeDLMForCausalLM.from_pretrained(tmp_path / "fixed")
+    assert all(torch.equal(a, b) for a, b in zip(fixed.state_dict().values(), saved.state_dict().values()))
+
+
+def test_truncated_pickle_weights_name_the_file(tmp_path):
+    save_pickle(tmp_path)
+    WeDLMForCausalLM.from_pretrained(tmp_path)  # plain tensors: torch.load(weights_only=True) takes them
+    torch.save({"args": argparse.Namespace()}, tmp_path / "training_args.bin")  # Trainer's pickle, never loaded
+    weights = tmp_path / "pytorch_model.bin"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    with pytest.raises(OSError, match=f"^{weights} is damaged or incomplete .*download the checkpoint again"):
+        WeDLMForCausalLM.from_pretrained(tmp_path)
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
@@ -167,5 +206,5 @@ def test_remote_code_names_the_files_too(tmp_path):
     save(tmp_path / "generation", QWEN3)
     (tmp_path / "generation" / "generation_config.json").write_text('{"wedlm_window_size": 0}')
     sizes, generation = run_without_wedlm_hf(REMOTE, [str(tmp_path / "sizes"), str(tmp_path / "generation")], tmp_path)
-    assert sizes[0] == "ValueError" and sizes[1].startswith(f"{tmp_path / 'sizes' / 'config.json'} lacks the model size")
+    assert sizes[0] == "ValueError" and sizes[1].startswith(f"{tmp_path / 'sizes' / 'config.json'} lacks the model")
     assert generation[0] == "ValueError" and "generation_config.json has a setting" in generation[1]

@@ -5,12 +5,17 @@ extra tensors, or leaves the missing ones random, with only a load report); a tr
 safetensors without its name. A `generation_config.json` that is not JSON would be read as absent (transformers
 catches the error and decodes with the defaults: `strategy` "ar", W 16), and one with a refused value would fail
 without the file's name, so it is read here first. A `config.json` without the model's sizes would build the
-model with Qwen3's defaults (4096 wide, 32 layers) and end in a long report of every mismatched weight.
+model with Qwen3's defaults (4096 wide, 32 layers) and end in a long report of every mismatched weight. Pickle
+weights (`pytorch_model.bin`) that `torch.load(weights_only=True)` refuses, or that are cut short, would fail with
+torch's multi-line message and no file name.
 """
 
 import json
+import pickle
 import re
 from pathlib import Path
+
+import torch
 
 from transformers import GenerationConfig
 from transformers.utils import GENERATION_CONFIG_NAME, cached_file
@@ -20,6 +25,8 @@ from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS, validate_we
 
 # What `cached_file` takes from from_pretrained's arguments, to find the same files transformers reads.
 _HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "revision", "local_files_only", "subfolder")
+# What torch.load raises for a pickle it refuses or cannot read (a cut-short zip: OSError through transformers).
+_TORCH_LOAD_ERRORS = (pickle.UnpicklingError, RuntimeError, EOFError, OSError)
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
@@ -127,6 +134,8 @@ def check_attention_weights(config, info: dict, source) -> None:
 def unreadable_weights(error: Exception, pretrained_model_name_or_path, kwargs: dict) -> OSError | None:
     """The error to raise instead of `error` when a weight file could not be read (naming the file), else None."""
     if type(error).__module__.split(".")[0] != "safetensors":
+        if isinstance(error, _TORCH_LOAD_ERRORS):
+            return unreadable_pickle(checkpoint_folder(pretrained_model_name_or_path, kwargs))
         return None
     damaged = damaged_safetensors(checkpoint_folder(pretrained_model_name_or_path, kwargs))
     if not damaged:
@@ -136,6 +145,32 @@ def unreadable_weights(error: Exception, pretrained_model_name_or_path, kwargs: 
         f"{files} {'is' if len(damaged) == 1 else 'are'} damaged or incomplete (cut short or corrupted: "
         f"{error}): download the checkpoint again, or re-save the model with save_pretrained."
     )
+
+
+def unreadable_pickle(folder: Path | None) -> OSError | None:
+    """An OSError naming the first pickle weight file in `folder` that torch.load(weights_only=True) cannot read, and
+    the fix: refused (it holds objects other than tensors) or damaged. None when every one reads."""
+    for path in sorted(folder.glob("pytorch_model*.bin")) if folder is not None else []:
+        try:
+            torch.load(path, map_location="meta", weights_only=True)
+        except _TORCH_LOAD_ERRORS as error:
+            text = " ".join(str(error).split())
+            found = re.search(r"WeightsUnpickler error: (.+?)(\. |\.?$)", text)
+            reason = found.group(1) if found else text or type(error).__name__
+            if "Unsupported" in reason:
+                named = re.search(r"GLOBAL (\S+)", reason)  # transformers 5.23 ignores weights_only=False here
+                allowed = f"[{named.group(1)}]" if named else "[the classes it holds]"
+                return OSError(
+                    f"{path} is pickle weights that torch.load(weights_only=True) refuses ({reason}): convert them to "
+                    "safetensors. If you trust the file's source, load the checkpoint once inside `with "
+                    f"torch.serialization.safe_globals({allowed}):` and save it with save_pretrained (which writes "
+                    "model.safetensors); otherwise get the checkpoint's safetensors weights."
+                )
+            return OSError(
+                f"{path} is damaged or incomplete ({reason}): download the checkpoint again, or re-save the model "
+                "with save_pretrained."
+            )
+    return None
 
 
 def checkpoint_folder(pretrained_model_name_or_path, kwargs: dict) -> Path | None:

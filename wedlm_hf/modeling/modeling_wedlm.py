@@ -4,7 +4,7 @@ Differences from Qwen3: q/k/v bias and q/k norm are switches (`attention_bias`, 
 bias, a batch from the dual-stream collator returns the WeDLM training loss, and `generate(strategy="wedlm")`
 runs streaming parallel decoding. Weight names are the Qwen2/Qwen3 ones, so released checkpoints load as they are.
 Loading refuses a checkpoint whose q/k norm weights or q/k/v biases contradict `qk_norm` / `attention_bias`, and
-names a damaged safetensors file (`loading_checks`).
+names a damaged or refused weight file and a broken config or generation config (`loading_checks`).
 """
 
 import inspect
@@ -85,8 +85,9 @@ class WeDLMPreTrainedModel(Qwen3PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path=None, *args, output_loading_info: bool = False, **kwargs):
         """`PreTrainedModel.from_pretrained`, refusing weights that contradict the config's attention switches (they
-        would build a different model, with the extra tensors dropped), naming a damaged safetensors file, and
-        naming a generation_config.json it would otherwise replace by the defaults."""
+        would build a different model, with the extra tensors dropped), naming a damaged or refused weight file, a
+        config.json without the model's sizes, and a generation_config.json it would otherwise replace by the
+        defaults (`loading_checks`)."""
         check_checkpoint_files(pretrained_model_name_or_path, kwargs, cls.can_generate())
         try:
             model, info = super().from_pretrained(
