@@ -135,6 +135,25 @@ def test_prompt_longer_than_the_context_names_the_users_values(capsys, tmp_path,
     assert_one_line_error(err, "generate", "600 tokens and the model has 512 positions")
 
 
+
+@pytest.mark.parametrize(
+    "argv",
+    [["generate", "hi", "--no-compare"], ["evaluate", "--items", "1", "--code-items", "0"], ["serve", "--port", "0"]],
+    ids=lambda argv: argv[0],
+)
+def test_pickle_weights_torch_refuses_are_one_line_naming_the_file(capsys, tmp_path, char_tokenizer, argv):
+    """Before: torch's UnpicklingError, a bug to the command line, with its traceback and multi-line message."""
+    if argv[0] == "serve":
+        pytest.importorskip("fastapi")
+    model = build_model(dtype=torch.float32)
+    model.save_pretrained(tmp_path, tokenizer=char_tokenizer)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "args": argparse.Namespace(lr=1e-3)}, tmp_path / "pytorch_model.bin")
+    status, out, err = run_console(capsys, *argv, "--model", str(tmp_path))
+    assert status == 1 and out == ""
+    assert_one_line_error(err, argv[0], f"{tmp_path / 'pytorch_model.bin'} is pickle weights", "safetensors")
+
+
 def test_errors_raised_by_a_command_are_one_line_and_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
     status, _, err = run_console(capsys, "push", str(tmp_path), "not a/valid/name")
     assert status == 1

@@ -268,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("source", type=existing_folder, help="the AR checkpoint folder")
     conv.add_argument("destination", help="folder to write the WeDLM checkpoint to")
     conv.add_argument("--mask-token", default="<|mask|>", help="added to the tokenizer when it has no mask token")
+    conv.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the checkpoint in a non-empty DESTINATION (its earlier weight files are removed)",
+    )
 
     exp = command("export", "a Hub-ready folder (remote code, card) from a WeDLM checkpoint")
     exp.add_argument("source", type=existing_folder, help="the WeDLM checkpoint folder")

@@ -28,6 +28,7 @@ from transformers import (
 )
 
 from wedlm_hf import WeDLMForCausalLM
+from wedlm_hf.cli import console
 from wedlm_hf.cli import main as cli
 
 SHAPE = dict(
@@ -102,6 +103,49 @@ def test_convert_names_a_missing_folder_or_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no-tokenizer has no tokenizer files.*save_pretrained"):
         cli(["convert", str(tmp_path / "no-tokenizer"), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def save_ar(folder: Path, seed: int = 0, **save_kwargs) -> None:
+    torch.manual_seed(seed)
+    Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16, vocab_size=95)).save_pretrained(folder, **save_kwargs)
+    char_tokenizer_without_mask().save_pretrained(folder)
+
+
+def test_convert_into_a_non_empty_folder_needs_overwrite(tmp_path, capsys):
+    """Before: the user's config.json was overwritten, and the command said nothing (exit status 0)."""
+    from wedlm_hf.training.conversion import convert_ar_checkpoint
+
+    save_ar(tmp_path / "ar")
+    dst = tmp_path / "mine"
+    dst.mkdir()
+    (dst / "config.json").write_text('{"model_type": "mine"}')
+    capsys.readouterr()
+    status = console(["convert", str(tmp_path / "ar"), str(dst)])
+    err = capsys.readouterr().err
+    assert status == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"wedlm-hf convert: error: {dst} already holds files: ") and "--overwrite" in err
+    with pytest.raises(FileExistsError, match=f"{re.escape(str(dst))} already holds files.*overwrite=True"):
+        convert_ar_checkpoint(str(tmp_path / "ar"), str(dst))
+    assert [p.name for p in dst.iterdir()] == ["config.json"] and "mine" in (dst / "config.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ar", "mine"]  # no staging folder left
+
+
+def test_convert_overwrite_leaves_no_weights_of_the_earlier_model(tmp_path):
+    dst = tmp_path / "wedlm"
+    save_ar(dst, seed=0, max_shard_size="20KB")  # an earlier model there, sharded: an index and several shards
+    assert (dst / "model.safetensors.index.json").exists()
+    save_ar(tmp_path / "ar", seed=1)
+    (dst / "notes.txt").write_text("mine")
+    (dst / "pytorch_model.bin").write_bytes(b"older still")
+
+    cli(["convert", str(tmp_path / "ar"), str(dst), "--overwrite"])
+    names = {p.name for p in dst.iterdir()}
+    assert "model.safetensors" in names and (dst / "notes.txt").read_text() == "mine"
+    assert not {n for n in names if n.startswith("model-") or n.endswith((".index.json", ".bin"))}, names
+    expected = Qwen3ForCausalLM.from_pretrained(tmp_path / "ar").state_dict()
+    loaded = WeDLMForCausalLM.from_pretrained(dst).state_dict()
+    assert all(torch.equal(loaded[k][: len(v)], v) for k, v in expected.items())  # embeddings grew by the mask
+    assert not list(tmp_path.glob(".wedlm.convert-*"))
 
 
 @pytest.fixture(scope="module")

@@ -4,23 +4,19 @@
 code, `mask_token_id: null`) with this project's code: the weight files are copied byte for byte, the config gains
 the mask id and our `auto_map`, and the authors' code files are left behind.
 
-An export is written into a temporary sibling folder and moved into place when complete, so an interrupted export
-never looks finished. A destination that already holds files is refused unless `overwrite=True` (`--overwrite`);
-then the earlier checkpoint's weights and indexes are removed first, so no stale weight file can shadow the new ones
-(a sharded export over a single-file one would otherwise load the old `model.safetensors`), and `config.json` is
-moved in last, so a folder interrupted midway has none and loads as nothing.
+An export appears whole or not at all, and a destination that already holds files is refused unless
+`overwrite=True` (`--overwrite`), which removes the earlier checkpoint's weights (`checkpoint_destination`).
 """
 
 import json
-import os
 import shutil
-import uuid
 from pathlib import Path
 
 from transformers.dynamic_module_utils import get_relative_import_files
 
 from .. import modeling
 from ..modeling import STRATEGIES, WEDLM_GENERATION_DEFAULTS, WeDLMConfig
+from .checkpoint_destination import staged_checkpoint
 from .model_card import load_json, render_model_card
 from .safetensors_check import check_safetensors
 
@@ -42,13 +38,6 @@ TOKENIZER_FILES = (
 )
 MODELING_DIR = Path(modeling.__file__).parent
 RECORDS = ("training_info.json", "eval_results.json")  # what model cards quote
-# The weights of any earlier checkpoint in an overwritten destination: transformers would read them before ours.
-STALE_WEIGHTS = (
-    "model*.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model*.bin",
-    "pytorch_model.bin.index.json",
-)
 
 
 def remote_code_files() -> list[Path]:
@@ -174,20 +163,7 @@ def export_checkpoint(
     WeDLMConfig.from_dict(config)  # refuse configs our classes cannot load before writing anything
     generation = generation_defaults(src)
 
-    if dst.resolve() == src.resolve():
-        raise ValueError("`wedlm-hf export` needs a destination different from the source folder.")
-    if dst.exists() and not dst.is_dir():
-        raise FileExistsError(f"{dst} is a file, not a folder: choose another destination for `wedlm-hf export`.")
-    occupied = dst.is_dir() and any(dst.iterdir())
-    if occupied and not overwrite:
-        raise FileExistsError(
-            f"{dst} already holds files: export into a new or empty folder, or pass --overwrite (overwrite=True) to "
-            "replace the checkpoint there (its earlier weight files are removed; other files stay)."
-        )
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = dst.parent / f".{dst.name}.export-{uuid.uuid4().hex[:8]}"  # same file system: moves are renames
-    staging.mkdir()
-    try:
+    with staged_checkpoint(src, dst, "export", overwrite=overwrite) as staging:
         for path in weights:
             shutil.copyfile(path, staging / path.name)
         for path in remote_code_files():
@@ -205,26 +181,7 @@ def export_checkpoint(
             recipe=recipe,
             summary=summary or "A WeDLM checkpoint packaged by wedlm-hf with its remote code.",
         )
-        if occupied:
-            _replace_checkpoint(staging, dst)
-        else:
-            if dst.is_dir():
-                dst.rmdir()
-            os.replace(staging, dst)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return dst
-
-
-def _replace_checkpoint(staging: Path, dst: Path) -> None:
-    """Moves a finished export into an occupied folder: its config goes first and comes back last (a folder
-    interrupted midway has no config.json, so nothing loads half of it); earlier weights go before new ones come."""
-    (dst / "config.json").unlink(missing_ok=True)
-    for pattern in STALE_WEIGHTS:
-        for stale in dst.glob(pattern):
-            stale.unlink()
-    for path in sorted(staging.iterdir(), key=lambda p: p.name == "config.json"):
-        os.replace(path, dst / path.name)
 
 
 def export_command(args) -> None:

@@ -9,6 +9,7 @@ transformers loads them without wedlm-hf. Wings import the core; the core import
 - `streaming_decoder`, `window_filling`, `ragged_cache`: the decoding loop, the fill rule and sampler, the KV cache
   shared by rows that commit at different rates.
 - `dual_stream_loss`: the training loss the model returns on a dual-stream batch.
+- `loading_checks`: what `from_pretrained` refuses beyond transformers, naming the file and the fix.
 """
 
 from .configuration_wedlm import WeDLMConfig

@@ -155,7 +155,7 @@ def generate_wedlm(
     _refuse(bool(model_kwargs), ", ".join(sorted(model_kwargs)), "not supported by strategy='wedlm'; remove it")
 
     window_size, threshold, penalty, lossless = (_setting(explicit, config, key) for key in explicit)
-    _validate_wedlm_settings(window_size, threshold, penalty, lossless)
+    validate_wedlm_settings(window_size, threshold, penalty, lossless)
     mask_token_id = _resolve_mask_token_id(model, config, tokenizer, mask_token_id)
     _validate_config(config, past_key_values)
 
@@ -259,7 +259,8 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _validate_wedlm_settings(window_size, threshold, penalty, lossless) -> None:
+def validate_wedlm_settings(window_size, threshold, penalty, lossless) -> None:
+    """Refuses `wedlm_*` values decoding cannot use: given to generate, or read from generation_config.json."""
     if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
         raise ValueError(f"wedlm_window_size must be an integer >= 1 (16 is the default), got {window_size!r}.")
     # NaN compares false with everything (`x != x` only for NaN), so it would silently disable the threshold.

@@ -4,15 +4,12 @@ Differences from Qwen3: q/k/v bias and q/k norm are switches (`attention_bias`, 
 bias, a batch from the dual-stream collator returns the WeDLM training loss, and `generate(strategy="wedlm")`
 runs streaming parallel decoding. Weight names are the Qwen2/Qwen3 ones, so released checkpoints load as they are.
 Loading refuses a checkpoint whose q/k norm weights or q/k/v biases contradict `qk_norm` / `attention_bias`, and
-names a damaged safetensors file.
+names a damaged or refused weight file and a broken config or generation config (`loading_checks`).
 """
 
 import inspect
-import json
-import re
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -30,11 +27,11 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RMSNorm,
     Qwen3RotaryEmbedding,
 )
-from transformers.utils import cached_file
 
 from .configuration_wedlm import WeDLMConfig
 from .dual_stream_loss import additive_attention_mask, dual_stream_loss
 from .generation_wedlm import STRATEGIES, ensure_wedlm_generation_defaults, generate_wedlm, resolve_strategy
+from .loading_checks import check_attention_weights, check_checkpoint_files, unreadable_weights
 from .ragged_cache import CACHE_KWARG
 
 
@@ -88,25 +85,20 @@ class WeDLMPreTrainedModel(Qwen3PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path=None, *args, output_loading_info: bool = False, **kwargs):
         """`PreTrainedModel.from_pretrained`, refusing weights that contradict the config's attention switches (they
-        would build a different model, with the extra tensors dropped) and naming a damaged safetensors file."""
+        would build a different model, with the extra tensors dropped), naming a damaged or refused weight file, a
+        config.json without the model's sizes, and a generation_config.json it would otherwise replace by the
+        defaults (`loading_checks`)."""
+        check_checkpoint_files(pretrained_model_name_or_path, kwargs, cls.can_generate())
         try:
             model, info = super().from_pretrained(
                 pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
             )
         except Exception as error:
-            if type(error).__module__.split(".")[0] != "safetensors":
+            unreadable = unreadable_weights(error, pretrained_model_name_or_path, kwargs)
+            if unreadable is None:
                 raise
-            damaged = _damaged_safetensors(_checkpoint_folder(pretrained_model_name_or_path, kwargs))
-            if not damaged:
-                raise OSError(
-                    f"Could not read the safetensors weights of {pretrained_model_name_or_path}: {error}"
-                ) from error
-            files = ", ".join(map(str, damaged))
-            raise OSError(
-                f"{files} {'is' if len(damaged) == 1 else 'are'} damaged or incomplete (cut short or corrupted: "
-                f"{error}): download the checkpoint again, or re-save the model with save_pretrained."
-            ) from error
-        _check_attention_weights(model.config, info, pretrained_model_name_or_path)
+            raise unreadable from error
+        check_attention_weights(model.config, info, pretrained_model_name_or_path)
         ensure_wedlm_generation_defaults(getattr(model, "generation_config", None))  # the base model has none
         return (model, info) if output_loading_info else model
 
@@ -246,73 +238,6 @@ def _cache_under_current_name(kwargs: dict) -> dict:
         )
     kwargs[CACHE_KWARG] = given if current is None else current
     return kwargs
-
-
-_QK_NORM = re.compile(r"(^|\.)self_attn\.[qk]_norm\.weight$")
-_QKV_BIAS = re.compile(r"(^|\.)self_attn\.[qkv]_proj\.bias$")
-_ATTENTION_WEIGHT = re.compile(r"(^|\.)self_attn\.[qkvo]_proj\.weight$")
-
-
-def _check_attention_weights(config, info: dict, source) -> None:
-    """Weights the config's attention switches leave out (or ask for) mean the config describes another model:
-    with `qk_norm` or `attention_bias` wrong, the norms or biases would be silently dropped (or left random)."""
-    missing, unexpected = set(info["missing_keys"]), set(info["unexpected_keys"])
-    # Keys missing because no attention weight loaded at all (another model's checkpoint) say nothing about switches.
-    attention_loaded = not any(_ATTENTION_WEIGHT.search(key) for key in missing)
-    problems = []
-    for pattern, what, field in (
-        (_QK_NORM, "q_norm/k_norm weights", "qk_norm"),
-        (_QKV_BIAS, "q/k/v biases", "attention_bias"),
-    ):
-        if any(pattern.search(key) for key in unexpected):
-            problems.append(f'the checkpoint has {what} but config.{field} is false: set "{field}": true')
-        elif attention_loaded and any(pattern.search(key) for key in missing):
-            problems.append(f'the checkpoint has no {what} but config.{field} is true: set "{field}": false')
-    if problems:
-        raise ValueError(
-            f"The weights of {source or 'the checkpoint'} do not match its WeDLM config: {'; '.join(problems)} in "
-            "config.json (or in the config passed to from_pretrained)."
-        )
-
-
-def _checkpoint_folder(pretrained_model_name_or_path, kwargs: dict) -> Path | None:
-    """The local folder holding the checkpoint's files: the path itself, or the Hub cache snapshot of a repo id."""
-    if pretrained_model_name_or_path is None:
-        return None
-    subfolder = kwargs.get("subfolder") or ""
-    folder = Path(pretrained_model_name_or_path, subfolder)
-    if folder.is_dir():
-        return folder
-    try:
-        config = cached_file(
-            pretrained_model_name_or_path,
-            "config.json",
-            subfolder=subfolder,
-            cache_dir=kwargs.get("cache_dir"),
-            revision=kwargs.get("revision"),
-            local_files_only=True,
-        )
-    except OSError:
-        return None
-    return Path(config).parent if config else None
-
-
-def _damaged_safetensors(folder: Path | None) -> list[Path]:
-    """The .safetensors files in `folder` whose header is unreadable or whose size differs from what it declares."""
-    damaged = []
-    for path in sorted(folder.glob("*.safetensors")) if folder is not None else []:
-        try:
-            size = path.stat().st_size
-            with open(path, "rb") as file:
-                header_size = int.from_bytes(file.read(8), "little")
-                header = json.loads(file.read(header_size)) if 8 + header_size <= size else None
-            ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
-            intact = 8 + header_size + max(ends, default=0) == size
-        except (OSError, ValueError, AttributeError, KeyError, IndexError, TypeError):
-            intact = False
-        if not intact:
-            damaged.append(path)
-    return damaged
 
 
 __all__ = ["WeDLMCausalLMOutput", "WeDLMForCausalLM", "WeDLMModel", "WeDLMPreTrainedModel"]

@@ -7,7 +7,7 @@
 - `conversion`: `wedlm-hf convert` (`convert_ar_checkpoint()`), an AR checkpoint as a WeDLM one.
 
 Public to other wings: `DualStreamCollator`. Uses the core, the data wing's `offline_mix` and `portable_path`, and
-the Hub wing's `check_safetensors`.
+the Hub wing's `check_safetensors` and `staged_checkpoint`.
 """
 
 from .dual_stream_collator import DualStreamCollator

@@ -2,6 +2,8 @@
 
 The weights move over unchanged (WeDLM uses the same names); the config becomes a `WeDLMConfig` with the
 family's attention switches; the tokenizer gains a mask token when it has none, and the embeddings grow to match.
+Like `wedlm-hf export`, the checkpoint appears whole or not at all, and a destination that already holds files is
+refused (it may be someone's checkpoint) unless `overwrite=True` (`--overwrite`), which removes its earlier weights.
 """
 
 from dataclasses import fields
@@ -10,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from ..hub import staged_checkpoint
 from ..modeling import WeDLMConfig, WeDLMForCausalLM
 
 _FAMILIES = ("qwen2", "qwen3", "llama")
@@ -59,9 +62,18 @@ def check_source(source: Path) -> None:
         )
 
 
-def convert_ar_checkpoint(source: str, destination: str, mask_token: str = "<|mask|>") -> Path:
+def convert_ar_checkpoint(source: str, destination: str, mask_token: str = "<|mask|>", overwrite: bool = False) -> Path:
     """Writes config, weights (safetensors), generation config and tokenizer of the WeDLM version of `source`."""
     check_source(Path(source))
+    with staged_checkpoint(source, destination, "convert", overwrite=overwrite) as staging:
+        model, tokenizer = _convert(source, mask_token)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+    return Path(destination)
+
+
+def _convert(source: str, mask_token: str):
+    """The WeDLM model and the tokenizer (with its mask token) of the AR checkpoint `source`."""
     config = AutoConfig.from_pretrained(source)
     tokenizer = AutoTokenizer.from_pretrained(source)
     ar_model = AutoModelForCausalLM.from_pretrained(source, dtype=config.dtype or torch.float32)
@@ -79,13 +91,10 @@ def convert_ar_checkpoint(source: str, destination: str, mask_token: str = "<|ma
         for key, value in ar_model.generation_config.to_diff_dict().items():
             if not key.startswith("_") and key != "transformers_version":
                 setattr(model.generation_config, key, value)
-    out = Path(destination)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return model, tokenizer
 
 
 def convert_command(args) -> None:
     """`wedlm-hf convert SOURCE DESTINATION`."""
-    out = convert_ar_checkpoint(args.source, args.destination, mask_token=args.mask_token)
+    out = convert_ar_checkpoint(args.source, args.destination, mask_token=args.mask_token, overwrite=args.overwrite)
     print(f"WeDLM checkpoint written to {out}")

@@ -1,0 +1,1 @@
+../modeling/loading_checks.py
