@@ -91,7 +91,6 @@ def test_truncated_shard_is_the_one_named(tmp_path):
     assert str(shards[-1]) in str(error.value) and all(str(s) not in str(error.value) for s in shards[:-1])
 
 
-
 def save_pickle(folder, **extra):
     """A checkpoint whose weights are a pickle (pytorch_model.bin) instead of safetensors, with `extra` entries."""
     model = save(folder, QWEN3)
@@ -165,9 +164,16 @@ def test_an_invalid_generation_config_is_named_not_replaced_by_defaults(tmp_path
     assert (config.strategy, config.wedlm_window_size) == ("ar", 16)
 
 
-
 @pytest.mark.parametrize(
-    "field", ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"]
+    "field",
+    [
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+    ],
 )
 def test_a_config_without_a_model_size_names_it(tmp_path, field):
     """Before: the defaults (4096 wide, 32 layers) built another model, and loading ended in transformers' long

@@ -289,8 +289,8 @@ def test_two_hundred_bad_requests_get_400s_and_leave_the_server_answering(server
     with httpx.Client(base_url=f"{server.url}/v1", timeout=30) as http:
         for i in range(200):
             path, body, param = BAD_REQUESTS[i % len(BAD_REQUESTS)]
-            response = (
-                http.post(f"/{path}", content=body if isinstance(body, bytes) else json.dumps(body), headers=JSON)
+            response = http.post(
+                f"/{path}", content=body if isinstance(body, bytes) else json.dumps(body), headers=JSON
             )  # json.dumps escapes lone surrogates as JSON allows (\ud800); httpx's json= cannot send them
             assert response.status_code == 400, (str(body)[:200], response.text)
             error = response.json()["error"]

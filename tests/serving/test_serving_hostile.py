@@ -124,7 +124,9 @@ def test_a_prompt_that_cannot_fit_is_refused_quickly_and_health_keeps_answering(
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         health = pool.submit(poll_health)
-        posts = [pool.submit(httpx.post, f"{url}/v1/completions", content=body, headers=JSON, timeout=60) for _ in (1, 2)]
+        posts = [
+            pool.submit(httpx.post, f"{url}/v1/completions", content=body, headers=JSON, timeout=60) for _ in (1, 2)
+        ]
         responses = [p.result() for p in posts]
         elapsed = time.monotonic() - started
         done.set()

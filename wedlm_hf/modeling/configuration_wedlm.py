@@ -13,7 +13,14 @@ from transformers.configuration_utils import strict  # huggingface_hub's validat
 from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
 # The fields that fix the shapes of the weights.
-SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",  # defaults to 32, not to num_attention_heads
+)
 
 
 def check_sizes(values: dict, config_file) -> None:

@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 
 import torch
-
 from transformers import GenerationConfig
 from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 
@@ -103,6 +102,7 @@ def check_generation_config(path: Path) -> None:
             f"{path} has a setting that generation refuses: {error} Correct it in that file, or remove the entry to "
             "use the default."
         ) from error
+
 
 _QK_NORM = re.compile(r"(^|\.)self_attn\.[qk]_norm\.weight$")
 _QKV_BIAS = re.compile(r"(^|\.)self_attn\.[qkv]_proj\.bias$")

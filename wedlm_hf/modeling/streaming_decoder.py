@@ -157,7 +157,9 @@ class StreamingDecoder:
     last chunk. The budget is soft by at most one window per row: every step feeds every decoding row's window.
     """
 
-    def __init__(self, model, mask_token_id: int, keep_cache: bool = False, cache=None, token_budget: int | None = None):
+    def __init__(
+        self, model, mask_token_id: int, keep_cache: bool = False, cache=None, token_budget: int | None = None
+    ):
         if token_budget is not None and token_budget < 1:
             raise ValueError(f"token_budget must be >= 1 (or None for no bound), got {token_budget}.")
         self.model = model

@@ -90,7 +90,8 @@ class AccessGuard:
             if kind != "application/json":
                 return (
                     415,
-                    f"The request body must be JSON sent with 'Content-Type: application/json' (got {kind or 'none'!r}).",
+                    "The request body must be JSON sent with 'Content-Type: application/json' "
+                    f"(got {kind or 'none'!r}).",
                     "unsupported_media_type",
                     [],
                 )

@@ -2,10 +2,10 @@
 
 Handlers never touch the model: they read the body (at most --max-request-bytes), then parse, validate and
 tokenise it in a worker thread (never on the event loop, so a large request cannot stall the others), hand its
-choices to the scheduler's loop thread as a `Job`, and read the job's events from an asyncio queue that the loop thread feeds. A streamed response
-sends one chunk per commit and ends with `data: [DONE]`; when its client goes away Starlette cancels the
-generator and the `finally` cancels the job, whose rows the loop drops before its next step. A non-streamed
-request watches for the disconnect itself.
+choices to the scheduler's loop thread as a `Job`, and read the job's events from an asyncio queue that the loop
+thread feeds. A streamed response sends one chunk per commit and ends with `data: [DONE]`; when its client goes
+away Starlette cancels the generator and the `finally` cancels the job, whose rows the loop drops before its next
+step. A non-streamed request watches for the disconnect itself.
 """
 
 import asyncio
@@ -113,8 +113,8 @@ async def _respond(engine: ServingEngine, request: Request, parse):
     except QueueFull:
         raise APIError(
             429,
-            f"The server is at capacity (at most {engine.scheduler.max_queue} rows may wait to join the batch): retry after "
-            f"{RETRY_AFTER_SECONDS} s.",
+            f"The server is at capacity (at most {engine.scheduler.max_queue} rows may wait to join the batch): "
+            f"retry after {RETRY_AFTER_SECONDS} s.",
             code="queue_full",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         ) from None
@@ -139,11 +139,11 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
+    async for piece in request.stream():
+        size += len(piece)
         if size > limit:
             raise too_large
-        chunks.append(chunk)
+        chunks.append(piece)
     return b"".join(chunks)
 
 

@@ -312,8 +312,10 @@ def _text(value: str, param: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise invalid(
-            param, f"{param} is not valid Unicode: a lone surrogate at character {exc.start} (e.g. \\ud800 without "
-            "its pair); send UTF-8 text.", code="invalid_text"
+            param,
+            f"{param} is not valid Unicode: a lone surrogate at character {exc.start} (e.g. \\ud800 without "
+            "its pair); send UTF-8 text.",
+            code="invalid_text",
         ) from None
     return value
 

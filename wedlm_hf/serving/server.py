@@ -84,8 +84,7 @@ def serve_command(args) -> None:
     def announce(url: str) -> None:
         print(
             f"serving {engine.model_id} on {url} (playground: /, API: /v1, health: /health); max batch size "
-            f"{limits.max_batch_size}, max queue {limits.max_queue} rows"
-            + ("; API key required" if api_key else ""),
+            f"{limits.max_batch_size}, max queue {limits.max_queue} rows" + ("; API key required" if api_key else ""),
             flush=True,
         )
 
