@@ -20,9 +20,10 @@ def lossless(model, ids, **kwargs):
     return model.generate(ids, strategy="wedlm", wedlm_lossless=True, **kwargs)
 
 
+@pytest.mark.parametrize("context", [True, False], ids=["context-drafts", "model-drafts-only"])
 @pytest.mark.parametrize("window", [1, 4, 16])
 @pytest.mark.parametrize("threshold", [None, 0.4, 1e9])
-def test_greedy_output_equals_plain_generate_single_and_batched(flavour_model, window, threshold):
+def test_greedy_output_equals_plain_generate_single_and_batched(flavour_model, window, threshold, context):
     settings = dict(max_new_tokens=24, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
     for batch in (1, 3):
         ids, mask = prompts(batch, lengths=(7, 11, 5))
@@ -33,14 +34,19 @@ def test_greedy_output_equals_plain_generate_single_and_batched(flavour_model, w
             attention_mask=mask,
             wedlm_window_size=window,
             wedlm_entropy_threshold=threshold,
+            wedlm_context_drafts=context,
             return_dict_in_generate=True,
             **settings,
         )
         assert torch.equal(out.sequences, ar)
         for stats in out.wedlm_stats:
             assert stats.tokens_per_forward >= 1.0 or stats.tokens < stats.forwards <= stats.tokens + 1
-            if window == 1:  # no slot after the final token: nothing is drafted
-                assert stats.accepted_drafts == stats.rejected_drafts == 0
+            all_drafts = stats.accepted_drafts + stats.rejected_drafts
+            context_drafts = stats.accepted_context_drafts + stats.rejected_context_drafts
+            if window == 1:  # no slot after the final token: the model drafts nothing
+                assert all_drafts == context_drafts
+            if not context:
+                assert context_drafts == 0
 
 
 def test_parallel_commits_happen_and_are_counted():

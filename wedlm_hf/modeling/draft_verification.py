@@ -34,16 +34,24 @@ class ArPredictions:
         being the distribution the draft was drawn from. A sampled draft is `verifiable` only if every slot before
         it was already filled when it was drawn: one drawn earlier than a draft before it may have steered that
         one, and conditioning on the earlier slot's acceptance would bias it. It is replaced by a fresh draw from
-        p, which is always exact.
+        p, which is always exact. A context draft is a function of the text before it, so its q is a point mass:
+        it is kept with probability p(x).
         """
         if not self.sampler.do_sample:
             return None if self.choices[i] == draft.token else self.choices[i]
-        if not draft.verifiable or draft.q is None:
+        p = self.probabilities[i]
+        if draft.source == "context":  # q is a point mass: keep with probability p(x), else draw p without x
+            if self.uniforms[i] < float(p[draft.token]):
+                return None
+            residual = p.clone()
+            residual[draft.token] = 0
+        elif not draft.verifiable or draft.q is None:
             return self.choices[i]
-        p, q = self.probabilities[i], draft.q
-        if self.uniforms[i] * float(q[draft.token]) < float(p[draft.token]):
-            return None
-        residual = (p - q).clamp_min(0)
+        else:
+            q = draft.q
+            if self.uniforms[i] * float(q[draft.token]) < float(p[draft.token]):
+                return None
+            residual = (p - q).clamp_min(0)
         if float(residual.sum()) <= 0:  # p == q up to rounding: rejection had probability ~0; p is then exact
             residual = p
         return int(self.sampler.draw((residual / residual.sum())[None])[0])

@@ -35,6 +35,8 @@ WEDLM_GENERATION_DEFAULTS = {
     "wedlm_entropy_threshold": 0.4,
     "wedlm_pos_penalty_factor": 0.02,
     "wedlm_lossless": False,
+    "wedlm_context_drafts": True,
+    "wedlm_context_ngram": 3,
 }
 # Warpers that read only the scores, so they mean the same for a masked slot as for a next token.
 _SCORE_ONLY_WARPERS = (
@@ -124,6 +126,9 @@ def generate_wedlm(
         wedlm_pos_penalty_factor (float, 0.02): entropy penalty per slot of distance from the leftmost mask.
         wedlm_lossless (bool, False): commit a drafted token only where the model's own AR decoding agrees, so the
             output equals plain `generate` (greedy: token for token; sampling: in distribution).
+        wedlm_context_drafts (bool, True): in lossless mode, also draft the tokens that followed the latest earlier
+            occurrence of the text's suffix (prompt lookup's rule); off: the model's own fills only.
+        wedlm_context_ngram (int, 3): the longest suffix matched for context drafts, tried down to one token.
         mask_token_id (int): argument, then `config.mask_token_id`, then the generation config, then the
             tokenizer's mask token.
     Returns a LongTensor (batch, T + new) or, with `return_dict_in_generate=True`, a `WeDLMGenerateOutput`.
@@ -154,8 +159,10 @@ def generate_wedlm(
     model_kwargs.pop("use_cache", None)
     _refuse(bool(model_kwargs), ", ".join(sorted(model_kwargs)), "not supported by strategy='wedlm'; remove it")
 
-    window_size, threshold, penalty, lossless = (_setting(explicit, config, key) for key in explicit)
-    validate_wedlm_settings(window_size, threshold, penalty, lossless)
+    window_size, threshold, penalty, lossless, context_drafts, context_ngram = (
+        _setting(explicit, config, key) for key in explicit
+    )
+    validate_wedlm_settings(window_size, threshold, penalty, lossless, context_drafts, context_ngram)
     mask_token_id = _resolve_mask_token_id(model, config, tokenizer, mask_token_id)
     _validate_config(config, past_key_values)
 
@@ -210,6 +217,8 @@ def generate_wedlm(
         lossless=lossless,
         sampler=FillSampler(bool(config.do_sample), processors),
         stop_ids=frozenset(stop_ids),
+        context_drafts=context_drafts,
+        context_ngram=context_ngram,
     )
     decoder = StreamingDecoder(
         model, mask_token_id, keep_cache=bool(config.return_dict_in_generate), cache=past_key_values
@@ -259,7 +268,7 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def validate_wedlm_settings(window_size, threshold, penalty, lossless) -> None:
+def validate_wedlm_settings(window_size, threshold, penalty, lossless, context_drafts=True, context_ngram=3) -> None:
     """Refuses `wedlm_*` values decoding cannot use: given to generate, or read from generation_config.json."""
     if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
         raise ValueError(f"wedlm_window_size must be an integer >= 1 (16 is the default), got {window_size!r}.")
@@ -275,6 +284,10 @@ def validate_wedlm_settings(window_size, threshold, penalty, lossless) -> None:
         )
     if not isinstance(lossless, bool):
         raise ValueError(f"wedlm_lossless must be True or False (False is the default), got {lossless!r}.")
+    if not isinstance(context_drafts, bool):
+        raise ValueError(f"wedlm_context_drafts must be True or False (True is the default), got {context_drafts!r}.")
+    if isinstance(context_ngram, bool) or not isinstance(context_ngram, int) or context_ngram < 1:
+        raise ValueError(f"wedlm_context_ngram must be an integer >= 1 (3 is the default), got {context_ngram!r}.")
 
 
 def _cache_argument(model_kwargs: dict):

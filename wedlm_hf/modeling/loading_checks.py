@@ -96,6 +96,8 @@ def check_generation_config(path: Path) -> None:
             setting["wedlm_entropy_threshold"],
             setting["wedlm_pos_penalty_factor"],
             setting["wedlm_lossless"],
+            setting["wedlm_context_drafts"],
+            setting["wedlm_context_ngram"],
         )
     except (ValueError, TypeError, AttributeError) as error:
         raise ValueError(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .context_drafts import ContextIndex
 from .draft_verification import ArPredictions
 from .ragged_cache import RaggedCache
 from .window_filling import FillSampler, choose_fills, entropy, suppress_token
@@ -23,13 +24,16 @@ from .window_filling import FillSampler, choose_fills, entropy, suppress_token
 @dataclass
 class WeDLMStats:
     """Per-row decoding statistics: decoding forwards, committed tokens, window rows fed (prompt rows, prefilled
-    in the first forward, are not counted) and, in lossless mode, drafts accepted or rejected by verification."""
+    in the first forward, are not counted) and, in lossless mode, drafts accepted or rejected by verification, of
+    which `*_context_drafts` were copied from the context (the rest are the model's own fills)."""
 
     forwards: int = 0
     tokens: int = 0
     rows_fed: int = 0
     accepted_drafts: int = 0
     rejected_drafts: int = 0
+    accepted_context_drafts: int = 0
+    rejected_context_drafts: int = 0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -55,6 +59,8 @@ class WeDLMStats:
             "p_cache": self.p_cache,
             "accepted_drafts": self.accepted_drafts,
             "rejected_drafts": self.rejected_drafts,
+            "accepted_context_drafts": self.accepted_context_drafts,
+            "rejected_context_drafts": self.rejected_context_drafts,
             "acceptance_rate": self.acceptance_rate,
         }
 
@@ -70,17 +76,21 @@ class DecodingSettings:
     lossless: bool = False
     sampler: FillSampler = field(default_factory=FillSampler)
     stop_ids: frozenset[int] = frozenset()
+    context_drafts: bool = True  # lossless mode: also draft from the context (prompt lookup's rule)
+    context_ngram: int = 3  # the longest suffix matched there, tried down to one token
 
 
 @dataclass(eq=False)
 class Fill:
     """A filled window slot. `final`: lossless mode's own AR token, committed by the next forward without a check.
-    `q` / `verifiable`: for sampled drafts in lossless mode (see `draft_verification.judge_draft`)."""
+    `q` / `verifiable`: for sampled drafts in lossless mode (see `draft_verification.judge_draft`). `source`:
+    "model" (a fill by the entropy rule) or "context" (copied from the context; its q is a point mass)."""
 
     token: int
     final: bool = False
     q: torch.Tensor | None = None
     verifiable: bool = True
+    source: str = "model"
 
 
 @dataclass(eq=False)
@@ -97,7 +107,10 @@ class DecodingRow:
     finish_reason: str | None = None  # "stop" (a stop token), "length", or what the caller passed to `finish`
     kv: list | None = None  # the finished row's cache, kept only when the decoder was asked to
     prompt_fed: int = 0  # prompt tokens already in the cache (a long prompt may be prefilled over several steps)
-    draft_window: int = 1 << 30  # lossless mode: the window W adapts to how many drafts get accepted
+    draft_window: int = 1 << 30  # lossless mode: the window W adapts to how many drafts get accepted (0: none)
+    probe_wait: int = 1  # lossless mode at draft_window 0: steps without drafts before the model drafts again
+    quiet_steps: int = 0
+    context: ContextIndex | None = None  # lossless mode: where each committed token occurs
 
     @property
     def prefilled(self) -> bool:
@@ -120,13 +133,44 @@ class DecodingRow:
         stop_ids = self.settings.stop_ids
         if any(slot is not None and slot.token in stop_ids for slot in self.window):
             return
-        room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
         size = self.settings.window_size
         if self.settings.lossless:  # drafts past the adapted window are dropped: the output does not depend on them
             size = min(size, self.draft_window)
+            if size < 2 and self.prefilled:  # the slot after the final token is always taken by the next one
+                size = 0
             del self.window[size + self.leading_run() :]
+            if self.settings.context_drafts and self.prefilled:
+                self.draft_from_context()
+        room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
         wanted = size + self.leading_run() - len(self.window)
         self.window.extend([None] * max(0, min(wanted, room)))
+
+    def draft_from_context(self) -> None:
+        """Fills the masks right after the leading run with the tokens that followed the latest earlier occurrence
+        of the text's suffix (at most W of them, within the token budget), until a model fill disagrees or a stop
+        token is placed; they are verified with the run in the next forward."""
+        run = self.leading_run()
+        pending = [slot.token for slot in self.window[:run]]
+        stop_ids = self.settings.stop_ids
+        if not run or any(token in stop_ids for token in pending):
+            return
+        committed = self.prompt + self.generated
+        if self.context is None:
+            self.context = ContextIndex()
+        self.context.extend(committed[self.context.length :])
+        limit = min(self.settings.window_size, self.settings.max_new_tokens - len(self.generated) - run)
+        for i, token in enumerate(self.context.continuation(committed + pending, self.settings.context_ngram, limit)):
+            slot = run + i
+            if slot < len(self.window) and self.window[slot] is not None:
+                if self.window[slot].token != token:
+                    break
+                continue  # the model's own fill says the same
+            if slot < len(self.window):
+                self.window[slot] = Fill(token, source="context")
+            else:
+                self.window.append(Fill(token, source="context"))
+            if token in stop_ids:
+                break
 
     def commit(self, count: int) -> int:
         """Moves the first `count` window tokens into the committed text, stopping at a stop token or the budget;
@@ -303,25 +347,28 @@ class StreamingDecoder:
         accepted, replacement, room = first, None, settings.max_new_tokens - len(row.generated)
         ends = any(slot.token in settings.stop_ids for slot in row.window[:first]) or first >= room
         rejected = False
+        model_checked = model_rejected = 0
         if not ends:
             for i in range(first, run):
                 slot = row.window[i]
                 replacement = ar.judge(i - 1, slot)
+                context = slot.source == "context"
+                model_checked += not context
                 if replacement is not None:
                     row.stats.rejected_drafts += 1
+                    row.stats.rejected_context_drafts += context
+                    model_rejected += not context
                     rejected = True
                     break
                 row.stats.accepted_drafts += 1
+                row.stats.accepted_context_drafts += context
                 accepted += 1
                 if slot.token in settings.stop_ids or accepted >= room:
                     ends = True
                     break
             else:
                 replacement = ar.own_token(run - first)
-        checked = accepted - first + rejected
-        if checked:
-            current = min(row.draft_window, settings.window_size)
-            row.draft_window = max(1, current // 2) if rejected else min(settings.window_size, current * 2)
+        _adapt_draft_window(row, model_checked, bool(model_rejected))
         kept = row.commit(accepted)
         if row.done or ends or replacement is None:
             return kept
@@ -383,6 +430,31 @@ class StreamingDecoder:
         survivors = [i for i, row in enumerate(self.active) if id(row) not in leaving]
         self.active = [self.active[i] for i in survivors]
         self.kv.select_rows(survivors)
+
+
+MAX_PROBE_WAIT = 32
+
+
+def _adapt_draft_window(row: DecodingRow, checked: int, rejected: bool) -> None:
+    """Lossless mode's window of model drafts: halved at a rejection, doubled when every draft held. Under 2 slots
+    the model drafts nothing (slot 1 is the next final token's), so the window drops to 0: a step then feeds no
+    masks (only the final token and any context drafts: an AR step's cost). After `probe_wait` such steps the model
+    drafts again (a window of 2), and each probe that fails doubles the wait (up to MAX_PROBE_WAIT)."""
+    window = row.settings.window_size
+    if checked:
+        current = min(row.draft_window, window)
+        if rejected:
+            row.draft_window = current // 2 if current // 2 >= 2 else 0
+            if row.draft_window == 0:
+                row.probe_wait = min(MAX_PROBE_WAIT, row.probe_wait * 2)
+                row.quiet_steps = 0
+        else:
+            row.draft_window = min(window, max(2, current * 2))
+            row.probe_wait = 1
+    elif row.draft_window == 0:
+        row.quiet_steps += 1
+        if row.quiet_steps >= row.probe_wait:
+            row.draft_window = 2
 
 
 def _ar_predictions(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:

@@ -1,0 +1,1 @@
+../modeling/context_drafts.py

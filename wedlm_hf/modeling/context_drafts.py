@@ -1,0 +1,42 @@
+"""Drafts copied from the context, for lossless decoding (docs/algorithm.md section 6.f).
+
+Where text repeats (code, lists, quotes), the tokens that followed the last occurrence of the current suffix are a
+good guess of what comes next: prompt lookup decoding's rule. In lossless mode a draft's source does not change the
+output (verification keeps AR's tokens), so such drafts can fill the window's masks beside the model's own. The
+index keeps every position of each token of a row's committed text, so a lookup scans only the occurrences of the
+suffix's first token, most recent first, and at most `MAX_CANDIDATES` of them.
+"""
+
+MAX_CANDIDATES = 64  # occurrences of the suffix's first token checked per n-gram size
+
+
+class ContextIndex:
+    """Positions of every token in a row's committed text (prompt + generated), grown as tokens commit."""
+
+    def __init__(self):
+        self.positions: dict[int, list[int]] = {}
+        self.length = 0
+
+    def extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            self.positions.setdefault(token, []).append(self.length)
+            self.length += 1
+
+    def continuation(self, sequence: list[int], largest: int, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of `sequence`'s longest suffix of
+        `largest` tokens or fewer (down to one). `sequence` is the indexed text plus any tokens after it."""
+        if limit < 1:
+            return []
+        end = len(sequence)
+        for n in range(min(largest, end - 1), 0, -1):
+            suffix = sequence[end - n :]
+            checked = 0
+            for start in reversed(self.positions.get(suffix[0], ())):
+                if start + n >= end:  # the suffix itself: nothing follows it yet
+                    continue
+                if sequence[start : start + n] == suffix:
+                    return sequence[start + n : start + n + limit]
+                checked += 1
+                if checked == MAX_CANDIDATES:
+                    break
+        return []
