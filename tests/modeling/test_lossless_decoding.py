@@ -194,3 +194,52 @@ def test_user_criteria_stop_like_generate(model64):
     settings = dict(max_new_tokens=20, eos_token_id=EOS_ID, pad_token_id=EOS_ID, stopping_criteria=criteria)
     ar = model64.generate(ids, attention_mask=mask, do_sample=False, **settings)
     assert torch.equal(lossless(model64, ids, attention_mask=mask, wedlm_window_size=8, **settings), ar)
+
+
+def test_a_row_whose_drafts_all_fail_feeds_one_row_per_forward(model64, monkeypatch):
+    """Every draft (the model's and the context's) is judged wrong: the row rests at an AR step's cost, trying a
+    draft again only now and then (each failed try doubles the wait), and still commits AR's tokens."""
+    from wedlm_hf.modeling.draft_verification import ArPredictions
+
+    monkeypatch.setattr(ArPredictions, "judge", lambda self, i, draft: self.choices[i])  # greedy: AR's own token
+    ids, _ = prompts(1)
+    ar = model64.generate(ids, do_sample=False, max_new_tokens=400, eos_token_id=None)
+    widths = []
+    hook = model64.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        out = lossless(
+            model64, ids, max_new_tokens=400, eos_token_id=None, wedlm_window_size=16, return_dict_in_generate=True
+        )
+    finally:
+        hook.remove()
+    stats = out.wedlm_stats[0]
+    assert torch.equal(out.sequences, ar) and stats.accepted_drafts == 0 and stats.rejected_drafts > 0
+    assert stats.forwards <= stats.tokens + 1  # one token a forward, as plain generate
+    # Once the window has shrunk (a few forwards), forwards feed one row, the final token, save the rare tries.
+    steady = widths[40:]
+    assert sum(w == 1 for w in steady) >= 0.9 * len(steady) and sum(steady) <= 1.2 * len(steady), widths
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
+def test_context_drafts_commit_repeated_text_in_fewer_forwards(shipped_model, batched):
+    """On code that repeats itself, drafts copied from the context are accepted: fewer forwards, the same text."""
+    model, tokenizer = shipped_model
+    text = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+    texts = [text, "items = [3, 1, 4, 1, 5, 9, 2, 6]\ncopy = [3, 1, 4,"] if batched else [text]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    settings = dict(max_new_tokens=40, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    ar = model.generate(**batch, do_sample=False, **settings)
+    runs = {}
+    for context in (True, False):
+        out = lossless(
+            model, batch.input_ids, attention_mask=batch.attention_mask, wedlm_context_drafts=context,
+            return_dict_in_generate=True, **settings,
+        )
+        assert torch.equal(out.sequences, ar)
+        runs[context] = out.wedlm_stats
+    assert all(s.accepted_context_drafts > 0 for s in runs[True])
+    assert all(s.accepted_context_drafts == s.rejected_context_drafts == 0 for s in runs[False])
+    assert sum(s.forwards for s in runs[True]) < sum(s.forwards for s in runs[False])

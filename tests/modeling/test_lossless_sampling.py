@@ -58,13 +58,23 @@ def chi_square_p_value(counts: dict, expected: dict, total: int) -> float:
     return float(torch.special.gammaincc(dof, torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-def sample_counts(model, **kwargs) -> dict:
+def sample_counts(model, context_judged: list | None = None, **kwargs) -> dict:
     torch.manual_seed(0)
     ids = torch.tensor([PROMPT]).repeat(SAMPLES, 1)
-    out = model.generate(ids, strategy="wedlm", max_new_tokens=3, do_sample=True, eos_token_id=None, **kwargs)
+    out = model.generate(
+        ids,
+        strategy="wedlm",
+        max_new_tokens=3,
+        do_sample=True,
+        eos_token_id=None,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
     counts = {}
-    for row in out[:, len(PROMPT) :].tolist():
+    for row in out.sequences[:, len(PROMPT) :].tolist():
         counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    if context_judged is not None and out.wedlm_stats is not None:
+        context_judged.append(sum(s.accepted_context_drafts + s.rejected_context_drafts for s in out.wedlm_stats))
     return counts
 
 
@@ -73,15 +83,24 @@ def sample_counts(model, **kwargs) -> dict:
     [
         dict(wedlm_window_size=3, wedlm_entropy_threshold=1e9, temperature=1.0),  # every mask drafted at once
         dict(wedlm_window_size=3, wedlm_entropy_threshold=None, temperature=0.8, top_k=4),  # one fill a step
+        dict(wedlm_window_size=3, wedlm_entropy_threshold=1e9, temperature=1.0, wedlm_context_drafts=False),
+        # context drafts (q a point mass) ahead of the model's: the prompt repeats, so 1- and 2-grams match
+        dict(wedlm_window_size=3, wedlm_entropy_threshold=None, temperature=1.2, wedlm_context_ngram=2),
     ],
+    ids=["all-masks", "one-fill-top-k", "model-drafts-only", "context-drafts"],
 )
 def test_lossless_sampling_matches_ar_sampling(tiny_vocab_model, settings):
     warpers = LogitsProcessorList([TemperatureLogitsWarper(settings["temperature"])])
     if "top_k" in settings:
         warpers.append(TopKLogitsWarper(settings["top_k"]))
     expected = exact_ar_joint(tiny_vocab_model, warpers)
-    lossless = sample_counts(tiny_vocab_model, wedlm_lossless=True, **settings)
+    judged = []
+    lossless = sample_counts(tiny_vocab_model, judged, wedlm_lossless=True, **settings)
     assert chi_square_p_value(lossless, expected, SAMPLES) > 1e-3
+    if settings.get("wedlm_context_drafts", True):
+        assert judged[0] > SAMPLES // 10  # context drafts were verified, not just proposed
+    else:
+        assert judged[0] == 0
     # Power: without verification the fills follow the mask predictions, a different distribution.
     default = sample_counts(tiny_vocab_model, **settings)
     assert chi_square_p_value(default, expected, SAMPLES) < 1e-6

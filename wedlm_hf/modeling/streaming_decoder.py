@@ -107,9 +107,9 @@ class DecodingRow:
     finish_reason: str | None = None  # "stop" (a stop token), "length", or what the caller passed to `finish`
     kv: list | None = None  # the finished row's cache, kept only when the decoder was asked to
     prompt_fed: int = 0  # prompt tokens already in the cache (a long prompt may be prefilled over several steps)
-    draft_window: int = 1 << 30  # lossless mode: the window W adapts to how many drafts get accepted (0: none)
-    probe_wait: int = 1  # lossless mode at draft_window 0: steps without drafts before the model drafts again
-    quiet_steps: int = 0
+    # Lossless mode: how many drafts of each source to try, adapted to how many get accepted.
+    model_window: "DraftWindow" = field(default_factory=lambda: DraftWindow(smallest=2))
+    context_window: "DraftWindow" = field(default_factory=lambda: DraftWindow(smallest=1))
     context: ContextIndex | None = None  # lossless mode: where each committed token occurs
 
     @property
@@ -135,7 +135,7 @@ class DecodingRow:
             return
         size = self.settings.window_size
         if self.settings.lossless:  # drafts past the adapted window are dropped: the output does not depend on them
-            size = min(size, self.draft_window)
+            size = min(size, self.model_window.size)
             if size < 2 and self.prefilled:  # the slot after the final token is always taken by the next one
                 size = 0
             del self.window[size + self.leading_run() :]
@@ -158,7 +158,9 @@ class DecodingRow:
         if self.context is None:
             self.context = ContextIndex()
         self.context.extend(committed[self.context.length :])
-        limit = min(self.settings.window_size, self.settings.max_new_tokens - len(self.generated) - run)
+        limit = min(
+            self.settings.window_size, self.context_window.size, self.settings.max_new_tokens - len(self.generated) - run
+        )
         for i, token in enumerate(self.context.continuation(committed + pending, self.settings.context_ngram, limit)):
             slot = run + i
             if slot < len(self.window) and self.window[slot] is not None:
@@ -347,18 +349,18 @@ class StreamingDecoder:
         accepted, replacement, room = first, None, settings.max_new_tokens - len(row.generated)
         ends = any(slot.token in settings.stop_ids for slot in row.window[:first]) or first >= room
         rejected = False
-        model_checked = model_rejected = 0
+        checked = {"model": 0, "context": 0}
+        rejected_by = None
         if not ends:
             for i in range(first, run):
                 slot = row.window[i]
                 replacement = ar.judge(i - 1, slot)
                 context = slot.source == "context"
-                model_checked += not context
+                checked[slot.source] += 1
                 if replacement is not None:
                     row.stats.rejected_drafts += 1
                     row.stats.rejected_context_drafts += context
-                    model_rejected += not context
-                    rejected = True
+                    rejected, rejected_by = True, slot.source
                     break
                 row.stats.accepted_drafts += 1
                 row.stats.accepted_context_drafts += context
@@ -368,7 +370,8 @@ class StreamingDecoder:
                     break
             else:
                 replacement = ar.own_token(run - first)
-        _adapt_draft_window(row, model_checked, bool(model_rejected))
+        row.model_window.update(settings.window_size, checked["model"], rejected_by == "model")
+        row.context_window.update(settings.window_size, checked["context"], rejected_by == "context")
         kept = row.commit(accepted)
         if row.done or ends or replacement is None:
             return kept
@@ -432,29 +435,36 @@ class StreamingDecoder:
         self.kv.select_rows(survivors)
 
 
-MAX_PROBE_WAIT = 32
+MAX_PROBE_WAIT = 64
 
 
-def _adapt_draft_window(row: DecodingRow, checked: int, rejected: bool) -> None:
-    """Lossless mode's window of model drafts: halved at a rejection, doubled when every draft held. Under 2 slots
-    the model drafts nothing (slot 1 is the next final token's), so the window drops to 0: a step then feeds no
-    masks (only the final token and any context drafts: an AR step's cost). After `probe_wait` such steps the model
-    drafts again (a window of 2), and each probe that fails doubles the wait (up to MAX_PROBE_WAIT)."""
-    window = row.settings.window_size
-    if checked:
-        current = min(row.draft_window, window)
-        if rejected:
-            row.draft_window = current // 2 if current // 2 >= 2 else 0
-            if row.draft_window == 0:
-                row.probe_wait = min(MAX_PROBE_WAIT, row.probe_wait * 2)
-                row.quiet_steps = 0
-        else:
-            row.draft_window = min(window, max(2, current * 2))
-            row.probe_wait = 1
-    elif row.draft_window == 0:
-        row.quiet_steps += 1
-        if row.quiet_steps >= row.probe_wait:
-            row.draft_window = 2
+@dataclass
+class DraftWindow:
+    """How many drafts of one source a lossless row tries per step: halved at a rejection, doubled when every one
+    held. Below `smallest` (the fewest worth a try) it is 0 and the source rests, so a step where every source rests
+    feeds only the final token, an AR step's cost; after `wait` such steps it tries `smallest` drafts again, and
+    each try that fails doubles the wait (up to MAX_PROBE_WAIT)."""
+
+    smallest: int
+    size: int = 1 << 30  # capped by W where used
+    wait: int = 1
+    quiet: int = 0
+
+    def update(self, limit: int, checked: int, rejected: bool) -> None:
+        if checked:
+            current = min(self.size, limit)
+            if rejected:
+                self.size = current // 2 if current // 2 >= self.smallest else 0
+                if self.size == 0:
+                    self.wait = min(MAX_PROBE_WAIT, self.wait * 2)
+                    self.quiet = 0
+            else:
+                self.size = min(limit, max(self.smallest, current * 2))
+                self.wait = 1
+        elif self.size == 0:
+            self.quiet += 1
+            if self.quiet >= self.wait:
+                self.size = self.smallest
 
 
 def _ar_predictions(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:
