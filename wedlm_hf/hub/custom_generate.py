@@ -20,7 +20,7 @@ from .generation_wedlm import generate_wedlm
 
 def generate(model, *args, **kwargs):
     """`model.generate(custom_generate=..., trust_remote_code=True, ...)` with `generate`'s arguments plus
-    mask_token_id, wedlm_window_size, wedlm_entropy_threshold and wedlm_pos_penalty_factor."""
+    mask_token_id and the wedlm_* options (window size, threshold, penalty, lossless, context drafts)."""
     return generate_wedlm(model, *args, **kwargs)
 '''
 
@@ -41,8 +41,10 @@ print(out.wedlm_stats)
 
 Arguments: those of `generate` (sampling with `do_sample`, `temperature`, `top_k`, `top_p`; stops with
 `eos_token_id`, `max_new_tokens`, `stop_strings` + `tokenizer`, `stopping_criteria`; `streamer`), plus
-`mask_token_id` (else `config.mask_token_id`, the generation config, or the tokenizer's mask token) and the three
-`wedlm_*` parameters. Options it cannot honour (beam search, repetition penalty, ...) raise an error.
+`mask_token_id` (else `config.mask_token_id`, the generation config, or the tokenizer's mask token) and the
+`wedlm_*` parameters (`wedlm_window_size`, `wedlm_entropy_threshold`, `wedlm_pos_penalty_factor`, `wedlm_lossless`,
+`wedlm_context_drafts`, `wedlm_context_ngram`). Options it cannot honour (beam search, repetition penalty, ...) raise
+an error.
 """
 
 
