@@ -147,8 +147,9 @@ class DecodingRow:
 
     def draft_from_context(self) -> None:
         """Fills the masks right after the leading run with the tokens that followed the latest earlier occurrence
-        of the text's suffix (at most W of them, within the token budget), until a model fill disagrees or a stop
-        token is placed; they are verified with the run in the next forward."""
+        of the text's suffix (at most W of them, within the token budget, up to a stop token); they are verified
+        with the run in the next forward. A continuation that contradicts one of the model's own fills on its way
+        is dropped whole: the model is confident there, and a rejected context draft would discard its fills."""
         run = self.leading_run()
         pending = [slot.token for slot in self.window[:run]]
         stop_ids = self.settings.stop_ids
@@ -159,20 +160,25 @@ class DecodingRow:
             self.context = ContextIndex()
         self.context.extend(committed[self.context.length :])
         limit = min(
-            self.settings.window_size, self.context_window.size, self.settings.max_new_tokens - len(self.generated) - run
+            self.settings.window_size,
+            self.context_window.size,
+            self.settings.max_new_tokens - len(self.generated) - run,
         )
-        for i, token in enumerate(self.context.continuation(committed + pending, self.settings.context_ngram, limit)):
-            slot = run + i
-            if slot < len(self.window) and self.window[slot] is not None:
-                if self.window[slot].token != token:
-                    break
-                continue  # the model's own fill says the same
-            if slot < len(self.window):
-                self.window[slot] = Fill(token, source="context")
-            else:
-                self.window.append(Fill(token, source="context"))
+        drafts = self.context.continuation(committed + pending, self.settings.context_ngram, limit)
+        for i, token in enumerate(drafts):
             if token in stop_ids:
+                del drafts[i + 1 :]
                 break
+        window = self.window
+        model_fills = [(window[run + i], token) for i, token in enumerate(drafts) if run + i < len(window)]
+        if any(fill is not None and fill.token != token for fill, token in model_fills):
+            return
+        for i, token in enumerate(drafts):
+            slot = run + i
+            if slot == len(window):
+                window.append(Fill(token, source="context"))
+            elif window[slot] is None:
+                window[slot] = Fill(token, source="context")
 
     def commit(self, count: int) -> int:
         """Moves the first `count` window tokens into the committed text, stopping at a stop token or the budget;
