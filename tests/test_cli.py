@@ -225,3 +225,51 @@ def test_serve_names_a_missing_model_folder(capsys):
     assert status == 1
     assert_one_line_error(err, "serve", "--model /nonexistent: no such folder")
     assert "Repo id must use" not in err
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        (["--no-context-drafts"], "--no-context-drafts only apply"),
+        (["--context-ngram", "2"], "--context-ngram only apply"),
+        (["--no-context-drafts", "--context-ngram", "2"], "--no-context-drafts and --context-ngram only apply"),
+    ],
+)
+def test_context_draft_options_without_lossless_are_a_parse_error(capsys, options, named):
+    """They only change lossless decoding: without --lossless they would be silently ignored, so they are refused."""
+    status, out, err = run_console(capsys, "generate", "hi", *options)
+    assert status == 2 and out == ""
+    assert_one_line_error(err, "generate", named, "add --lossless", "(see `wedlm-hf generate --help`)")
+    args = build_parser().parse_args(["generate", "hi", *options, "--lossless"])  # any order with --lossless
+    assert args.lossless and (args.no_context_drafts or args.context_ngram == 2)
+
+
+def test_context_ngram_must_be_positive(capsys):
+    status, _, err = run_console(capsys, "generate", "hi", "--lossless", "--context-ngram", "0")
+    assert status == 2
+    assert_one_line_error(err, "generate", "argument --context-ngram: '0' is not a positive whole number")
+
+
+REPEATING = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+
+
+def accepted_by_source(out: str) -> tuple[int, int]:
+    summary = next(line for line in out.splitlines() if line.startswith("WeDLM lossless"))
+    model, context = summary.split("of drafts accepted (model ")[1].rstrip(")").split(", context ")
+    return int(model), int(context)
+
+
+def test_lossless_generate_reports_accepted_drafts_by_source(capsys):
+    """The shipped model continuing code that repeats itself: drafts copied from the context are accepted."""
+    common = ["generate", REPEATING, "--lossless", "--max-new-tokens", "40"]
+    status, out, err = run_console(capsys, *common)
+    assert status == 0, err
+    _, context = accepted_by_source(out)
+    assert context > 0, out
+    assert "output identical to plain AR generate: yes" in out
+    status, out, err = run_console(capsys, *common, "--no-context-drafts", "--no-compare")
+    assert status == 0, err
+    assert accepted_by_source(out)[1] == 0, out
+    status, out, err = run_console(capsys, *common, "--context-ngram", "1", "--no-compare")
+    assert status == 0, err
+    assert accepted_by_source(out)[1] > 0, out

@@ -134,10 +134,32 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse errors as one line that points at --help, instead of the usage block."""
+    """argparse errors as one line that points at --help, instead of the usage block. `check(parser, args)`, when
+    set, refuses combinations of options after parsing, as argparse errors (one line, status 2)."""
+
+    check = None
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        if self.check is not None:
+            self.check(self, namespace)
+        return namespace, rest
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _check_generate(parser: argparse.ArgumentParser, args) -> None:
+    """Context drafts exist only in lossless mode: asking to tune them without --lossless is a mistake to name."""
+    if args.lossless:
+        return
+    given = [
+        name
+        for name, set_ in (("--no-context-drafts", args.no_context_drafts), ("--context-ngram", args.context_ngram))
+        if set_
+    ]
+    if given:
+        parser.error(f"{' and '.join(given)} only apply to lossless decoding: add --lossless, or drop them")
 
 
 def _add_decoding_args(parser: argparse.ArgumentParser, tau: float = 0.4) -> None:
@@ -184,6 +206,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="commit only tokens the model's own AR decoding agrees with: plain generate()'s output, faster",
     )
+    gen.add_argument(
+        "--no-context-drafts",
+        action="store_true",
+        help="with --lossless: draft only the model's own fills, not tokens copied from the context",
+    )
+    gen.add_argument(
+        "--context-ngram",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with --lossless: longest suffix matched for context drafts, tried down to 1 (default: 3, or the "
+        "model's generation config)",
+    )
+    gen.check = _check_generate
 
     bench = command("bench", "AR generate vs WeDLM vs the no-cache block-wise baseline, one process")
     bench.add_argument(

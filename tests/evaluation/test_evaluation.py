@@ -11,7 +11,7 @@ from wedlm_hf.data.offline_mix import EOS_TAIL, TRAIN_TASK_SEED, task_windows
 from wedlm_hf.data.stdlib_corpus import stdlib_files, stdlib_root
 from wedlm_hf.data.synthetic_tasks import FAMILIES, task_items
 from wedlm_hf.evaluation.demo import run_demo
-from wedlm_hf.evaluation.evaluate import evaluate, fewest_forwards, held_out_items
+from wedlm_hf.evaluation.evaluate import _Lossless, evaluate, fewest_forwards, held_out_items
 
 
 def test_held_out_items_never_appear_in_training():
@@ -58,11 +58,42 @@ def test_evaluation_report_on_a_tiny_model(tmp_path, char_tokenizer):
     for r in [*report["families"].values(), report["code"]]:
         assert r["lossless"]["identical_to_ar"] is True and r["lossless"]["tokens_per_forward"] > 0
         assert r["lossless"]["speedup"] > 0
+        by_source = r["lossless"]["accepted_drafts"]
+        assert set(by_source) == {"model", "context"} and all(type(v) is int and v >= 0 for v in by_source.values())
     assert all("lossless (identical to AR)" in line for line in lines)
+    for family, line in zip([*FAMILIES, "code"], lines):
+        r = report["code"] if family == "code" else report["families"][family]
+        by_source = r["lossless"]["accepted_drafts"]
+        assert f"of drafts accepted (model {by_source['model']}, context {by_source['context']})" in line, line
     assert report["code"]["items"] == 2 and 0 <= report["code"]["token_agreement_with_ar"] <= 1
     json.dumps(report)
     # The report travels with the model (eval_results.json): a folder outside the working directory keeps its name.
     assert report["settings"]["model"] == tmp_path.name and not absolute_paths(report)
+
+
+def test_lossless_context_drafts_are_counted_apart_from_the_models(monkeypatch):
+    """Code repeats its own names: the shipped model's lossless decoding accepts drafts copied from the context, and
+    they are reported beside the model's own (their sum: every accepted draft, as the decoder counted them)."""
+    from wedlm_hf import default_model_path
+
+    accepted = {}
+    real_add = _Lossless.add
+
+    def add(self, prompt, prompt_tokens, ar, out):
+        stats = out.wedlm_stats[0]
+        totals = accepted.setdefault(self.family, [0, 0])
+        totals[0] += stats.accepted_drafts
+        totals[1] += stats.accepted_context_drafts
+        real_add(self, prompt, prompt_tokens, ar, out)
+
+    monkeypatch.setattr(_Lossless, "add", add)
+    report = evaluate(
+        default_model_path(), items_per_family=2, code_items=1, train_items_per_family=200, threads=1, log=print
+    )
+    assert report["code"]["lossless"]["accepted_drafts"]["context"] > 0, report["code"]["lossless"]
+    for family, (total, context) in accepted.items():
+        r = report["code"] if family == "code" else report["families"][family]
+        assert r["lossless"]["accepted_drafts"] == {"model": total - context, "context": context}
 
 
 def test_generate_demo_streams_and_compares(tmp_path, char_tokenizer, capsys):

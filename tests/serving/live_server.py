@@ -21,6 +21,8 @@ WEDLM_KEYS = {
     "wedlm_entropy_threshold": "entropy_threshold",
     "wedlm_pos_penalty_factor": "pos_penalty_factor",
     "wedlm_lossless": "lossless",
+    "wedlm_context_drafts": "context_drafts",
+    "wedlm_context_ngram": "context_ngram",
 }
 
 

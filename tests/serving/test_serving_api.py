@@ -80,6 +80,86 @@ def test_completion_equals_offline_generate(client, settings):
     assert chunks[-1].usage.forwards == out.usage.forwards
 
 
+REPEATING = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+CONTEXT_SETTINGS = [
+    {"wedlm_lossless": True},
+    {"wedlm_lossless": True, "wedlm_context_drafts": False},
+    {"wedlm_lossless": True, "wedlm_context_ngram": 1},
+]
+
+
+@pytest.mark.parametrize("settings", CONTEXT_SETTINGS, ids=["context-drafts", "model-drafts-only", "ngram-1"])
+def test_lossless_usage_splits_accepted_drafts_by_source(client, settings):
+    """Code that repeats itself: lossless rows accept drafts copied from the context, and usage counts them apart from
+    the model's own; the answer is offline generate's (hence plain AR's) either way, streamed or not."""
+    expected, reason, tokens = offline_text(REPEATING, 40, **settings)
+    model, tokenizer = shipped()
+    ids = tokenizer(REPEATING, return_tensors="pt").input_ids
+    plain = model.generate(ids, do_sample=False, max_new_tokens=40, pad_token_id=tokenizer.pad_token_id)
+    assert expected == tokenizer.decode(plain[0, ids.shape[1] :], skip_special_tokens=True)  # lossless: AR's text
+
+    out = client.completions.create(model=MODEL_ID, prompt=REPEATING, max_tokens=40, n=2, extra_body=settings)
+    assert [c.text for c in out.choices] == [expected] * 2 and out.choices[0].finish_reason == reason
+    split = out.usage.model_extra["accepted_drafts"]
+    assert set(split) == {"model", "context"} and split["model"] + split["context"] > 0
+    if settings.get("wedlm_context_drafts", True):
+        assert split["context"] > 0, split
+    else:
+        assert split["context"] == 0, split
+
+    single = client.completions.create(model=MODEL_ID, prompt=REPEATING, max_tokens=40, extra_body=settings)
+    one = single.usage.model_extra["accepted_drafts"]
+    assert split == {"model": 2 * one["model"], "context": 2 * one["context"]}  # summed over the request's rows
+
+    stream = client.completions.create(
+        model=MODEL_ID,
+        prompt=REPEATING,
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=settings,
+    )
+    text, _, chunks = stream_text(stream)
+    assert text == expected and chunks[-1].usage.model_extra["accepted_drafts"] == one
+
+
+def test_usage_has_no_draft_split_without_lossless_rows(client):
+    out = client.completions.create(model=MODEL_ID, prompt=REPEATING, max_tokens=8)
+    assert "accepted_drafts" not in out.usage.model_extra
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ({"wedlm_context_ngram": 9}, "wedlm_context_ngram must be an integer from 1 to 8"),
+        ({"wedlm_context_drafts": "off"}, "wedlm_context_drafts must be true or false"),
+    ],
+)
+def test_context_draft_fields_are_refused_with_a_400_naming_them(client, body, match):
+    with pytest.raises(openai.BadRequestError, match=match) as error:
+        client.completions.create(model=MODEL_ID, prompt="12 + 30 =", max_tokens=4, extra_body=body)
+    assert error.value.status_code == 400 and error.value.body["param"] == next(iter(body))
+
+
+def test_context_draft_defaults_come_from_the_generation_config():
+    model, tokenizer = shipped()
+    config = model.generation_config
+    keys = ("wedlm_context_drafts", "wedlm_context_ngram")
+    saved = {key: getattr(config, key) for key in keys if hasattr(config, key)}
+    try:
+        config.wedlm_context_drafts, config.wedlm_context_ngram = False, 5
+        defaults = ServingEngine(model, tokenizer, MODEL_ID).defaults
+        assert (defaults.context_drafts, defaults.context_ngram) == (False, 5)
+        config.wedlm_context_ngram = 9
+        with pytest.raises(ValueError, match="generation_config.json of .*wedlm_context_ngram must be .* from 1 to 8"):
+            ServingEngine(model, tokenizer, MODEL_ID)
+    finally:
+        for key in keys:
+            delattr(config, key)
+        for key, value in saved.items():
+            setattr(config, key, value)
+
+
 def test_parallel_decoding_shows_in_usage(client):
     out = client.completions.create(model=MODEL_ID, prompt=PROMPTS[0], max_tokens=64)
     assert out.usage.tokens_per_forward > 2  # the counting prompt commits many tokens per forward

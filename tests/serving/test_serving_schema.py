@@ -49,6 +49,21 @@ def test_defaults_and_honoured_fields():
     assert request.wedlm == WeDLMOptions(8, None, 0.0, True)
 
 
+def test_context_draft_fields_over_the_checkpoint_defaults():
+    """Both fields default to the generation config's values (here: off, 5), a request overrides each alone."""
+    checkpoint = WeDLMOptions(16, 0.4, 0.02, True, context_drafts=False, context_ngram=5)
+    request = parse_completion({"prompt": "x"}, "m", checkpoint)
+    assert (request.wedlm.context_drafts, request.wedlm.context_ngram) == (False, 5)
+    request = parse_completion({"prompt": "x", "wedlm_context_drafts": True}, "m", checkpoint)
+    assert (request.wedlm.context_drafts, request.wedlm.context_ngram) == (True, 5)
+    request = parse_chat({"messages": [{"role": "user", "content": "hi"}], "wedlm_context_ngram": 8}, "m", checkpoint)
+    assert (request.wedlm.context_drafts, request.wedlm.context_ngram) == (False, 8)
+    error = refused(parse_completion, {"prompt": "x", "wedlm_context_ngram": 9}, "wedlm_context_ngram")
+    assert "from 1 to 8" in error.message and "got 9" in error.message
+    unknown = refused(parse_completion, {"prompt": "x", "wedlm_context": 1}, "wedlm_context")
+    assert "wedlm_context_drafts, wedlm_context_ngram" in unknown.message  # the known list names the new fields
+
+
 def test_prompt_shapes():
     assert completion(prompt=["a", "b"]).prompts == ["a", "b"]
     assert completion(prompt=[1, 2, 3]).prompts == [[1, 2, 3]]
@@ -80,6 +95,12 @@ def test_default_values_of_unsupported_features_are_accepted():
         ({"wedlm_entropy_threshold": float("nan")}, "wedlm_entropy_threshold"),
         ({"wedlm_pos_penalty_factor": float("inf")}, "wedlm_pos_penalty_factor"),
         ({"wedlm_lossless": 1}, "wedlm_lossless"),
+        ({"wedlm_context_drafts": "yes"}, "wedlm_context_drafts"),
+        ({"wedlm_context_drafts": None}, "wedlm_context_drafts"),
+        ({"wedlm_context_ngram": 0}, "wedlm_context_ngram"),
+        ({"wedlm_context_ngram": 9}, "wedlm_context_ngram"),
+        ({"wedlm_context_ngram": 2.0}, "wedlm_context_ngram"),
+        ({"wedlm_context_ngram": True}, "wedlm_context_ngram"),
         ({"max_tokens": True}, "max_tokens"),
         ({"seed": 1.0}, "seed"),
         ({"n": 129}, "n"),

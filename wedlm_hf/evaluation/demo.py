@@ -35,6 +35,8 @@ def run_demo(
     threshold: float | None = 0.4,
     penalty: float = 0.02,
     lossless: bool = False,
+    context_drafts: bool | None = None,
+    context_ngram: int | None = None,
     compare: bool = True,
     print_fn=print,
 ) -> dict:
@@ -45,6 +47,12 @@ def run_demo(
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     check_prompt(ids.shape[1], max_new_tokens, model.config.max_position_embeddings)
     options = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+    # None: the model's generation config decides (then the built-in defaults), as for generate() itself.
+    context = {
+        key: value
+        for key, value in (("wedlm_context_drafts", context_drafts), ("wedlm_context_ngram", context_ngram))
+        if value is not None
+    }
 
     # One short untimed run of each method first, so neither timing includes one-time start-up costs.
     model.generate(ids, do_sample=False, max_new_tokens=2, pad_token_id=tokenizer.pad_token_id)
@@ -60,6 +68,7 @@ def run_demo(
             wedlm_entropy_threshold=threshold,
             wedlm_pos_penalty_factor=penalty,
             wedlm_lossless=lossless,
+            **context,
             streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
             return_dict_in_generate=True,
             **options,
@@ -71,7 +80,14 @@ def run_demo(
     stats = out.wedlm_stats[0]
     report = {"wedlm": {**stats.to_dict(), "seconds": wedlm_seconds, "tokens_per_s": stats.tokens / wedlm_seconds}}
     mode = "WeDLM lossless" if lossless else "WeDLM"
-    accepted = f", {stats.acceptance_rate:.0%} of drafts accepted" if stats.acceptance_rate is not None else ""
+    accepted = ""
+    if stats.acceptance_rate is not None:
+        model_drafts = stats.accepted_drafts - stats.accepted_context_drafts
+        report["wedlm"]["accepted_drafts_by_source"] = {"model": model_drafts, "context": stats.accepted_context_drafts}
+        accepted = (
+            f", {stats.acceptance_rate:.0%} of drafts accepted (model {model_drafts}, "
+            f"context {stats.accepted_context_drafts})"
+        )
     print_fn(
         f"\n--\n{mode} (W={window_size}, tau={threshold}, lambda={penalty}): {stats.tokens} tokens in "
         f"{stats.forwards} forwards = {stats.tokens_per_forward:.2f} tokens/forward, p_cache {stats.p_cache:.2f}, "
@@ -103,5 +119,7 @@ def generate_command(args) -> None:
         threshold=args.threshold,
         penalty=args.penalty,
         lossless=args.lossless,
+        context_drafts=False if args.no_context_drafts else None,
+        context_ngram=args.context_ngram,
         compare=not args.no_compare,
     )

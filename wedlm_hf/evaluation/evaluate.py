@@ -68,7 +68,7 @@ class _Lossless:
 
     def __init__(self, family: str):
         self.family, self.clock = family, _Clock()
-        self.forwards = self.accepted = self.rejected = 0
+        self.forwards = self.accepted = self.rejected = self.accepted_context = 0
         self.differing: list[str] = []
 
     def add(self, prompt: str, prompt_tokens: int, ar: list[int], out) -> None:
@@ -77,6 +77,7 @@ class _Lossless:
         self.forwards += stats.forwards
         self.accepted += stats.accepted_drafts
         self.rejected += stats.rejected_drafts
+        self.accepted_context += stats.accepted_context_drafts
         if out.sequences[0, prompt_tokens:].tolist() != ar:
             self.differing.append(prompt)
 
@@ -94,6 +95,8 @@ class _Lossless:
             tokens_per_s=self.clock.tokens_per_s,
             speedup=self.clock.tokens_per_s / ar_clock.tokens_per_s,
             acceptance_rate=self.accepted / checked if checked else None,
+            # Which drafts paid off: the model's own fills, or tokens copied from the context (prompt lookup).
+            accepted_drafts={"model": self.accepted - self.accepted_context, "context": self.accepted_context},
         )
 
 
@@ -244,9 +247,10 @@ def _row(r: dict) -> str:
 
 def _lossless_row(r: dict) -> str:
     rate = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.0%}"
+    by_source = r["accepted_drafts"]
     return (
         f"lossless (identical to AR) tokens/forward {r['tokens_per_forward']:.2f}, {r['speedup']:.2f}x AR, "
-        f"{rate} of drafts accepted"
+        f"{rate} of drafts accepted (model {by_source['model']}, context {by_source['context']})"
     )
 
 

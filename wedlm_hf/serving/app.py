@@ -177,6 +177,7 @@ class _Tally:
         self.finish: dict[int, str] = {}
         self.completion_tokens = 0
         self.forwards = 0
+        self.accepted_drafts: dict | None = None  # {"model", "context"} once a lossless row finished
 
     @property
     def done(self) -> bool:
@@ -189,9 +190,14 @@ class _Tally:
             self.finish[event.choice] = event.reason
             self.completion_tokens += event.completion_tokens
             self.forwards += event.forwards
+            if event.accepted_drafts is not None:
+                split = self.accepted_drafts or {"model": 0, "context": 0}
+                split["model"] += event.accepted_drafts - event.accepted_context_drafts
+                split["context"] += event.accepted_context_drafts
+                self.accepted_drafts = split
 
     def usage(self) -> dict:
-        return usage(self.prompt_tokens, self.completion_tokens, self.forwards)
+        return usage(self.prompt_tokens, self.completion_tokens, self.forwards, self.accepted_drafts)
 
     def choices(self) -> list[dict]:
         return [

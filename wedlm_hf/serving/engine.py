@@ -204,6 +204,8 @@ class ServingEngine:
                     lossless=request.wedlm.lossless,
                     sampler=self._sampler(request, index),
                     stop_ids=self.stop_ids,
+                    context_drafts=request.wedlm.context_drafts,
+                    context_ngram=request.wedlm.context_ngram,
                 )
                 choices.append(Choice(index, prompt, settings, IncrementalText(self.tokenizer, request.stop)))
         return choices

@@ -59,6 +59,8 @@ class WeDLMOptions:
     entropy_threshold: float | None
     pos_penalty_factor: float
     lossless: bool
+    context_drafts: bool = True  # lossless mode only: also draft tokens copied from the context
+    context_ngram: int = 3
 
 
 @dataclass
@@ -79,7 +81,17 @@ class ParsedRequest:
     wedlm: WeDLMOptions | None = None
 
 
-WEDLM_FIELDS = ("wedlm_window_size", "wedlm_entropy_threshold", "wedlm_pos_penalty_factor", "wedlm_lossless")
+WEDLM_FIELDS = (
+    "wedlm_window_size",
+    "wedlm_entropy_threshold",
+    "wedlm_pos_penalty_factor",
+    "wedlm_lossless",
+    "wedlm_context_drafts",
+    "wedlm_context_ngram",
+)
+# A context-draft lookup tries every suffix size from n down to 1, each comparing up to 64 earlier occurrences of
+# n tokens: its cost grows as n squared on the server's decoding thread, and longer suffixes rarely match anyway.
+MAX_CONTEXT_NGRAM = 8
 MAX_N = 128  # OpenAI's bound; the server's --max-request-rows bounds prompts x n further
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
@@ -244,7 +256,20 @@ def wedlm_options(body: dict, defaults: WeDLMOptions, max_window: int | None = N
     lossless = body.get("wedlm_lossless", defaults.lossless)
     if not isinstance(lossless, bool):
         raise invalid("wedlm_lossless", f"wedlm_lossless must be true or false, got {lossless!r}.")
-    return WeDLMOptions(window, None if threshold is None else float(threshold), float(penalty), lossless)
+    context_drafts = body.get("wedlm_context_drafts", defaults.context_drafts)
+    if not isinstance(context_drafts, bool):
+        raise invalid(
+            "wedlm_context_drafts",
+            f"wedlm_context_drafts must be true or false (it applies with wedlm_lossless), got {context_drafts!r}.",
+        )
+    ngram = body.get("wedlm_context_ngram", defaults.context_ngram)
+    if not _is_int(ngram) or not 1 <= ngram <= MAX_CONTEXT_NGRAM:
+        raise invalid(
+            "wedlm_context_ngram",
+            f"wedlm_context_ngram must be an integer from 1 to {MAX_CONTEXT_NGRAM} (3 is usual), got {ngram!r}.",
+        )
+    threshold = None if threshold is None else float(threshold)
+    return WeDLMOptions(window, threshold, float(penalty), lossless, context_drafts, ngram)
 
 
 def _prompts(prompt) -> list:

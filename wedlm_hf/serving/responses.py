@@ -3,7 +3,8 @@
 Each stream chunk carries one decoder commit of one choice; its choice has an extra `wedlm` object with `forward`
 (which of the row's forwards committed these tokens; the playground colours by it) and `tokens` (how many). `usage`
 adds `forwards` (decoding forwards summed over the request's rows) and `tokens_per_forward`
-(= completion_tokens / forwards).
+(= completion_tokens / forwards) and, when rows decoded losslessly, `accepted_drafts`: `{"model", "context"}`, the
+drafts verification accepted summed over those rows, by where they came from (the model's fills, or the context).
 """
 
 import json
@@ -24,14 +25,18 @@ class ResponseIds:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, forwards: int) -> dict:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, forwards: int, accepted_drafts: dict | None = None) -> dict:
+    """`accepted_drafts`: {"model": n, "context": m} when some row was lossless, else None (the key is left out)."""
+    body = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "forwards": forwards,
         "tokens_per_forward": completion_tokens / forwards if forwards else 0.0,
     }
+    if accepted_drafts is not None:
+        body["accepted_drafts"] = accepted_drafts
+    return body
 
 
 def full_body(ids: ResponseIds, choices: list[dict], usage_: dict) -> dict:

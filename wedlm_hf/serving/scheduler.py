@@ -37,13 +37,16 @@ class Delta:
 
 @dataclass
 class Finish:
-    """A choice ended; `reason` is OpenAI's finish_reason ("stop" or "length")."""
+    """A choice ended; `reason` is OpenAI's finish_reason ("stop" or "length"). `accepted_drafts` (None outside
+    lossless mode): the row's drafts accepted by verification, `accepted_context_drafts` of them from the context."""
 
     choice: int
     reason: str
     prompt_tokens: int
     completion_tokens: int
     forwards: int
+    accepted_drafts: int | None = None
+    accepted_context_drafts: int = 0
 
 
 @dataclass
@@ -287,7 +290,18 @@ class Scheduler:
             job.live -= 1
             choice.finished = True
             reason = "stop" if choice.text.stopped or row.finish_reason == "stop" else "length"
-            job.emit(Finish(choice.index, reason, len(row.prompt), len(row.generated), row.stats.forwards))
+            stats, lossless = row.stats, choice.settings.lossless
+            job.emit(
+                Finish(
+                    choice.index,
+                    reason,
+                    len(row.prompt),
+                    len(row.generated),
+                    stats.forwards,
+                    stats.accepted_drafts if lossless else None,
+                    stats.accepted_context_drafts,
+                )
+            )
             if all(c.finished for c in job.choices):
                 job.ended = True
                 self._jobs.discard(job)
