@@ -22,6 +22,7 @@ DEBUG_ENV = "WEDLM_HF_DEBUG"
 COMMANDS = {
     "generate": "evaluation.demo:generate_command",
     "bench": "evaluation.benchmark:bench_command",
+    "bench-lossless": "evaluation.lossless_benchmark:bench_lossless_command",
     "evaluate": "evaluation.evaluate:evaluate_command",
     "train-tokenizer": "data.tokenizer_training:train_tokenizer_command",
     "train": "training.trainer:train_command",
@@ -242,6 +243,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", default=None, help="also write the measurements to this file (default: none)")
     _add_decoding_args(bench, tau=1e9)  # accept every mask: measures the mechanics, not a model
+
+    bl = command("bench-lossless", "lossless WeDLM vs AR generate vs prompt lookup decoding, per prompt family")
+    bl.add_argument(
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: the shipped model)",
+    )
+    bl.add_argument("--prompts-per-family", type=positive_int, default=3, help="prompts of each family")
+    bl.add_argument("--new-tokens", type=positive_int, default=64, help="new tokens per prompt at most (eos stops)")
+    bl.add_argument("--repeats", type=positive_int, default=3, help="timed runs per prompt (the best is kept)")
+    bl.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    bl.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the measurements to this file (default: none)"
+    )
 
     tok = command("train-tokenizer", "train the byte-level BPE tokenizer of the shipped model")
     tok.add_argument("--data", default="offline-mix", choices=("offline-mix",), help="the tokenizer's corpus")
