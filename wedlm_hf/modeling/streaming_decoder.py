@@ -139,7 +139,9 @@ class DecodingRow:
             if size < 2 and self.prefilled:  # the slot after the final token is always taken by the next one
                 size = 0
             del self.window[size + self.leading_run() :]
-            if self.settings.context_drafts and self.prefilled:
+            # Context drafts unless the model's own last drafts all held (counting, copying): there a wrong context
+            # draft would only displace them.
+            if self.settings.context_drafts and self.prefilled and not self.model_window.held:
                 self.draft_from_context()
         room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
         wanted = size + self.leading_run() - len(self.window)
@@ -455,9 +457,11 @@ class DraftWindow:
     size: int = 1 << 30  # capped by W where used
     wait: int = 1
     quiet: int = 0
+    held: bool = False  # the last drafts checked were all accepted
 
     def update(self, limit: int, checked: int, rejected: bool) -> None:
         if checked:
+            self.held = not rejected
             current = min(self.size, limit)
             if rejected:
                 self.size = current // 2 if current // 2 >= self.smallest else 0
