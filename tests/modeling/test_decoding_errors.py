@@ -45,7 +45,7 @@ def ids():
         ({"no_repeat_ngram_size": 2}, "NoRepeatNGramLogitsProcessor"),
         ({"min_new_tokens": 3, "eos_token_id": 94}, "MinNewTokensLengthLogitsProcessor"),
         ({"use_cache": False}, "use_cache=False: WeDLM decoding is built on the KV cache"),
-        ({"cache_implementation": "static"}, "cache_implementation='static'"),
+        ({"cache_implementation": "offloaded"}, "cache_implementation='offloaded'"),
         ({"output_scores": True}, "output_scores=True"),
         ({"max_new_tokens": 600}, r"exceeds the model's max_position_embeddings \(512\): lower max_new_tokens"),
         ({"max_new_tokens": 0}, "max_new_tokens"),

@@ -10,7 +10,7 @@ the one transformers uses for Hub `custom_generate` methods.
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
+from transformers import DynamicCache, LogitsProcessorList, StaticCache, StoppingCriteriaList
 from transformers.generation import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -25,6 +25,7 @@ from transformers.generation import (
 )
 
 from .batch_stopping import BatchStoppingCriteria
+from .slot_cache import PREFILL_STEP, SlotCache, bucket
 from .streaming_decoder import DecodingSettings, StreamingDecoder, WeDLMStats
 from .window_filling import FillSampler
 
@@ -220,8 +221,13 @@ def generate_wedlm(
         context_drafts=context_drafts,
         context_ngram=context_ngram,
     )
+    decode_cache = past_key_values
+    if config.cache_implementation == "static" or isinstance(past_key_values, StaticCache):
+        decode_cache = _slot_cache(model, config, past_key_values, len(input_ids), longest + max_new_tokens, window_size)
+    else:
+        model._valid_auto_compile_criteria({"past_key_values": decode_cache, "cache": decode_cache}, config)  # warns
     decoder = StreamingDecoder(
-        model, mask_token_id, keep_cache=bool(config.return_dict_in_generate), cache=past_key_values
+        model, mask_token_id, keep_cache=bool(config.return_dict_in_generate), cache=decode_cache
     )
     rows = [decoder.add(input_ids[b][attention_mask[b].bool()].tolist(), settings) for b in range(len(input_ids))]
     stopping = BatchStoppingCriteria(criteria, input_ids, pad_token_id)
@@ -250,6 +256,41 @@ def generate_wedlm(
         wedlm_stats=[row.stats for row in rows],
         **{_OUTPUT_CACHE_FIELD: _aligned_cache(rows, attention_mask, sequences.shape[1], past_key_values)},
     )
+
+
+def _slot_cache(model, config, given, rows: int, tokens: int, window_size: int) -> SlotCache:
+    """The static decoding cache: one slot per row, room for prompt + new tokens + the widest feed. Decoding steps
+    run compiled where transformers would compile AR decoding (`compile_config`, `disable_compile`, the device)."""
+    text = model.config.get_text_config()
+    _refuse(
+        "flash" in (getattr(model.config, "_attn_implementation", None) or ""),
+        "a static cache with flash attention",
+        "the static step attends under a 4D mask that flash attention cannot take; load the model with "
+        "attn_implementation='sdpa' (default) or drop cache_implementation='static'",
+    )
+    _refuse(
+        any(kind != "full_attention" for kind in getattr(text, "layer_types", None) or ()),
+        "a static cache with sliding-window layers",
+        "load the model with use_sliding_window=False",
+    )
+    # A feed holds the W slots left after this step's commit plus the run it commits; a prefill, its rounding.
+    widest = bucket(2 * window_size) + PREFILL_STEP
+    length = tokens + widest
+    if given is not None:
+        _refuse(given.get_seq_length() != 0, "a StaticCache that is not empty", "pass a new or reset() StaticCache")
+        capacity = given.get_max_length() if hasattr(given, "get_max_length") else given.get_max_cache_shape()
+        _refuse(
+            capacity < length,
+            f"this StaticCache (max_cache_len={capacity})",
+            f"this generation needs max_cache_len >= {length} (longest prompt + max_new_tokens + {widest} for the "
+            "widest feed)",
+        )
+        length = capacity
+    cache = SlotCache(model, rows, length)
+    kwargs = {"past_key_values": cache, "cache": cache}
+    if model._valid_auto_compile_criteria(kwargs, config):
+        cache.compiled = model.get_compiled_call(config.compile_config)
+    return cache
 
 
 def _refuse(condition: bool, argument: str, fix: str) -> None:
@@ -324,14 +365,19 @@ def _validate_config(config, past_key_values) -> None:
     _refuse((config.num_beam_groups or 1) > 1, "num_beam_groups", "beam search is unsupported; set num_beam_groups=1")
     _refuse(config.use_cache is False, "use_cache=False", "WeDLM decoding is built on the KV cache; drop it")
     _refuse(
-        config.cache_implementation not in (None, "dynamic"),
+        config.cache_implementation not in (None, "dynamic", "static"),
         f"cache_implementation={config.cache_implementation!r}",
-        "WeDLM decoding needs a DynamicCache; drop it",
+        "WeDLM decoding runs on a DynamicCache (default) or a static one (cache_implementation='static')",
     )
     _refuse(
-        past_key_values is not None and not isinstance(past_key_values, DynamicCache),
+        past_key_values is not None and not isinstance(past_key_values, (DynamicCache, StaticCache)),
         f"this cache ({type(past_key_values).__name__})",
-        "pass an empty DynamicCache or none",
+        "pass an empty DynamicCache or StaticCache, or none",
+    )
+    _refuse(
+        isinstance(past_key_values, DynamicCache) and config.cache_implementation == "static",
+        "a DynamicCache with cache_implementation='static'",
+        "pass a StaticCache, or no cache",
     )
     for option in ("output_scores", "output_logits", "output_attentions", "output_hidden_states", "token_healing"):
         _refuse(bool(getattr(config, option, None)), f"{option}=True", "it is not produced by WeDLM decoding; drop it")

@@ -45,6 +45,14 @@ class RaggedCache:
         self._cache_kwarg = cache_kwarg(model)
 
     @property
+    def device(self) -> torch.device:
+        return self.valid.device
+
+    def feed_width(self, width: int, prefill: bool) -> int:
+        """Feeds are exactly as wide as the widest row (the static `SlotCache` buckets them)."""
+        return width
+
+    @property
     def length(self) -> int:
         return self.valid.shape[1]
 
@@ -63,7 +71,12 @@ class RaggedCache:
                 layer.values = torch.cat([layer.values, layer.values.new_zeros((count, *layer.values.shape[1:]))])
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, new_valid: torch.Tensor, columns: list[int]
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        new_valid: torch.Tensor,
+        columns: list[int],
+        prefill: bool = False,
     ) -> torch.Tensor:
         """Runs the model on new rows on top of the cache (their K/V are appended); returns the logits of the given
         columns of the new rows (ascending), computing no others where the model allows."""

@@ -18,6 +18,7 @@ import torch
 from .context_drafts import ContextIndex
 from .draft_verification import ArPredictions
 from .ragged_cache import RaggedCache
+from .slot_cache import SlotCache
 from .window_filling import FillSampler, choose_fills, entropy, suppress_token
 
 
@@ -108,7 +109,7 @@ class DecodingRow:
     kv: list | None = None  # the finished row's cache, kept only when the decoder was asked to
     prompt_fed: int = 0  # prompt tokens already in the cache (a long prompt may be prefilled over several steps)
     # Lossless mode: how many drafts of each source to try, adapted to how many get accepted.
-    model_window: "DraftWindow" = field(default_factory=lambda: DraftWindow(smallest=2))
+    model_window: "DraftWindow" = field(default_factory=lambda: DraftWindow(smallest=2, size=2))
     context_window: "DraftWindow" = field(default_factory=lambda: DraftWindow(smallest=1))
     context: ContextIndex | None = None  # lossless mode: where each committed token occurs
 
@@ -220,7 +221,7 @@ class StreamingDecoder:
         self.mask_token_id = mask_token_id
         self.keep_cache = keep_cache
         self.token_budget = token_budget
-        self.kv = RaggedCache(model, 0, max_dead=16, cache=cache)
+        self.kv = cache if isinstance(cache, SlotCache) else RaggedCache(model, 0, max_dead=16, cache=cache)
         self.active: list[DecodingRow] = []
         self._joining: list[DecodingRow] = []
         self._count = 0
@@ -292,7 +293,8 @@ class StreamingDecoder:
             feeds.append((filled, masks))
             starts.append(start)  # where the row's filled slots begin
             decodes.append(decode)
-        width = max(start + len(f) + len(m) for start, (f, m) in zip(starts, feeds))
+        prefill = any(starts)
+        width = self.kv.feed_width(max(start + len(f) + len(m) for start, (f, m) in zip(starts, feeds)), prefill)
         ids, pos, valid, runs = [], [], [], []
         for row, start, decode, (filled, masks) in zip(rows, starts, decodes, feeds):
             prompt = row.prompt[row.prompt_fed : row.prompt_fed + start]
@@ -314,12 +316,13 @@ class StreamingDecoder:
                 ar_columns[b] = [start - 1] if start else list(range(run))
         wanted = set(range(width - n_masks, width)).union(*ar_columns.values())
         columns = sorted(wanted) or [width - 1]
-        device = self.kv.valid.device
+        device = self.kv.device
         logits = self.kv.forward(
             torch.tensor(ids, device=device),
             torch.tensor(pos, device=device),
             torch.tensor(valid, device=device),
             columns,
+            prefill,
         )
         column = {c: j for j, c in enumerate(columns)}
 
@@ -449,7 +452,9 @@ MAX_PROBE_WAIT = 64
 @dataclass
 class DraftWindow:
     """How many drafts of one source a lossless row tries per step: halved at a rejection, doubled when every one
-    held. Below `smallest` (the fewest worth a try) it is 0 and the source rests, so a step where every source rests
+    held. The model's own drafts start at `smallest` (on hard text a full window of them would mostly be wasted
+    rows, and easy text doubles up to W in a few steps); context drafts start unbounded (up to W), as prompt
+    lookup does. Below `smallest` (the fewest worth a try) it is 0 and the source rests, so a step where every source rests
     feeds only the final token, an AR step's cost; after `wait` such steps it tries `smallest` drafts again, and
     each try that fails doubles the wait (up to MAX_PROBE_WAIT)."""
 

@@ -1,0 +1,1 @@
+../modeling/slot_cache.py

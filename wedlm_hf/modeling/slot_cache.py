@@ -1,0 +1,195 @@
+"""A preallocated KV cache with fixed batch slots and a write position per row: WeDLM on a static cache.
+
+Every slot holds its row's committed K/V in columns 0..length-1, in logical order. A step writes each fed token at
+column length + i (the i-th token of the row's feed), so the leading run a row commits is already in place: its
+length advances by what it committed and the next step overwrites the rest. Nothing is dropped, moved or compacted,
+and a step's tensors have shapes that depend only on buckets, never on how many tokens a row committed:
+
+- slots: the fed batch is the first `bucket(highest occupied slot + 1)` slots (a power of two, at most `slots`);
+  a free or finished slot is fed padding that writes only past its length;
+- width: a decoding step feeds `bucket(widest row)` tokens per row (a power of two); a step that prefills a prompt
+  feeds its width rounded up to a multiple of PREFILL_STEP and runs uncompiled, as transformers' prefill does;
+- logits: the columns asked for, padded to a power of two by repeating the last one;
+- keys: every step attends over all `max_length` columns (a multiple of LENGTH_STEP) under a 4D additive mask
+  (the row's committed prefix, plus the fed tokens up to itself that are not padding).
+
+Under `torch.compile` (the `compiled` call, or a compiled `model.forward`), a generation therefore sees a handful
+of shapes; positions, write positions and the mask are tensors, so no Python branches on tensor values.
+"""
+
+import torch
+from transformers import Cache
+
+from .ragged_cache import cache_kwarg
+
+
+PREFILL_STEP = 32  # prefill widths are rounded up to a multiple of this
+LENGTH_STEP = 256  # and cache lengths to a multiple of this, so that generations of similar sizes share shapes
+
+
+def bucket(n: int, cap: int | None = None) -> int:
+    """The smallest power of two >= n, at least 2 (torch.compile specialises sizes 0 and 1), at most `cap`."""
+    size = max(2, 1 << max(0, n - 1).bit_length())
+    return size if cap is None else min(size, cap)
+
+
+def round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+class SlotLayer:
+    """One layer's preallocated keys and values, (slots, kv heads, max_length, head dim)."""
+
+    is_compileable = True
+    is_sliding = False
+    is_initialized = True
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values
+        if not torch.compiler.is_compiling():
+            torch._dynamo.mark_static_address(self.keys)  # in place across steps, so CUDA graphs may replay it
+            torch._dynamo.mark_static_address(self.values)
+
+
+class SlotCache(Cache):
+    """The KV cache of `StreamingDecoder` on fixed slots; `forward` runs one step (see the module docstring).
+
+    `compiled`: the call used for decoding steps (e.g. `model.get_compiled_call(compile_config)`); prefill steps,
+    and every step when it is None, call the model as it is.
+    """
+
+    def __init__(self, model, slots: int, max_length: int, compiled=None):
+        max_length = round_up(max_length, LENGTH_STEP)
+        text = model.config.get_text_config()
+        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        shape = (slots, heads, max_length, head_dim)
+        layers = [
+            SlotLayer(
+                torch.zeros(shape, dtype=model.dtype, device=model.device),
+                torch.zeros(shape, dtype=model.dtype, device=model.device),
+            )
+            for _ in range(text.num_hidden_layers)
+        ]
+        super().__init__(layers=layers)
+        self.model = model
+        self.slots = slots
+        self.max_length = max_length
+        self.compiled = compiled
+        self.device = model.device
+        self.lengths = [0] * slots  # committed columns per slot
+        self.slot_of: list[int] = []  # the slot of each active row, in the decoder's row order
+        self.write_index: torch.Tensor | None = None  # (fed slots, width): where this step's tokens go
+        self._keeps_logits = model._supports_logits_to_keep()
+        self._cache_kwarg = cache_kwarg(model)
+        self._arange = torch.arange(max_length, device=model.device)
+
+    # ---- what the model calls --------------------------------------------------------------------------------
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        fed, heads, width, dim = key_states.shape
+        index = self.write_index[:, None, :, None].expand(fed, heads, width, dim)
+        layer.keys[:fed].scatter_(2, index, key_states)
+        layer.values[:fed].scatter_(2, index, value_states)
+        return layer.keys[:fed], layer.values[:fed]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """0: rows have lengths of their own (`lengths`), and the model is always given positions explicitly."""
+        return 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.max_length
+
+    # ---- what the decoder calls (the `RaggedCache` interface) ------------------------------------------------
+
+    def feed_width(self, width: int, prefill: bool) -> int:
+        return round_up(width, PREFILL_STEP) if prefill else bucket(width)
+
+    def add_rows(self, count: int) -> None:
+        free = sorted(set(range(self.slots)) - set(self.slot_of))
+        if count > len(free):
+            raise RuntimeError(
+                f"The static cache has {self.slots} slots and {len(self.slot_of)} are taken: {count} more rows cannot "
+                "join. Decode fewer rows at once or make the cache with more slots."
+            )
+        for slot in free[:count]:
+            self.lengths[slot] = 0
+            self.slot_of.append(slot)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        new_valid: torch.Tensor,
+        columns: list[int],
+        prefill: bool = False,
+    ) -> torch.Tensor:
+        """Runs the active rows' feeds (rows in decoder order, all `feed_width` wide); returns the logits of the
+        given columns (ascending), computing no others where the model allows. A step that prefills a prompt runs
+        the model uncompiled."""
+        rows, width = input_ids.shape
+        lengths = [self.lengths[slot] for slot in self.slot_of]
+        if max(lengths) + width > self.max_length:
+            raise RuntimeError(
+                f"The static cache holds {self.max_length} tokens per row, and this step would write up to "
+                f"{max(lengths) + width}: make the cache longer (max_cache_len) or generate fewer tokens."
+            )
+        fed = bucket(max(self.slot_of) + 1, self.slots)
+        slots = torch.tensor(self.slot_of, device=self.device)
+        ids = input_ids.new_zeros((fed, width)).index_copy_(0, slots, input_ids)
+        pos = position_ids.new_zeros((fed, width)).index_copy_(0, slots, position_ids)
+        valid = new_valid.new_zeros((fed, width)).index_copy_(0, slots, new_valid)
+        start = torch.tensor(self.lengths[:fed], device=self.device)
+        self.write_index = start[:, None] + self._arange[:width]
+        mask = self._attention_mask(start, valid)
+
+        kwargs = {self._cache_kwarg: self}
+        if self._keeps_logits:
+            keep = bucket(len(columns), width)
+            kwargs["logits_to_keep"] = torch.tensor(
+                columns + [columns[-1]] * (keep - len(columns)), device=self.device
+            )
+        call = self.model if self.compiled is None or prefill else self.compiled
+        logits = call(
+            input_ids=ids,
+            position_ids=pos,
+            attention_mask=mask,  # 4D: used as it is
+            use_cache=True,
+            **kwargs,
+        ).logits
+        logits = logits.index_select(0, slots)
+        return logits[:, : len(columns)] if self._keeps_logits else logits[:, columns]
+
+    def keep_leading(self, fed: int, keep: list[int]) -> None:
+        """Row b keeps the first keep[b] tokens it was just fed: they are already where they belong."""
+        for slot, n in zip(self.slot_of, keep):
+            self.lengths[slot] += n
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keeps the given active rows; the others' slots become free (fed padding until a row takes them)."""
+        kept = [self.slot_of[i] for i in rows]
+        for slot in set(self.slot_of) - set(kept):
+            self.lengths[slot] = 0
+        self.slot_of = kept
+
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The committed K/V of one row, per layer, as (heads, tokens, head_dim) tensors."""
+        slot, length = self.slot_of[row], self.lengths[self.slot_of[row]]
+        return [(layer.keys[slot, :, :length].clone(), layer.values[slot, :, :length].clone()) for layer in self.layers]
+
+    def compact_if_needed(self) -> bool:
+        return False
+
+    def _attention_mask(self, start: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """(fed slots, 1, width, max_length) additive mask: query j of a slot sees the slot's committed columns and
+        the fed tokens 0..j that are not padding (a free slot, with no column, sees nothing: its output is unused)."""
+        width = valid.shape[1]
+        offset = self._arange[None, :] - start[:, None]  # column - length: the fed token a column holds
+        inside = (offset >= 0) & (offset < width)
+        fed_valid = valid.gather(1, offset.clamp(0, width - 1)) & inside  # (slots, max_length)
+        query = self._arange[:width]
+        seen = (offset[:, None, :] < 0) | (fed_valid[:, None, :] & (offset[:, None, :] <= query[None, :, None]))
+        zero = torch.zeros((), dtype=self.model.dtype, device=self.device)
+        blocked = torch.tensor(torch.finfo(self.model.dtype).min, dtype=self.model.dtype, device=self.device)
+        return torch.where(seen, zero, blocked)[:, None]
