@@ -135,7 +135,6 @@ def test_prompt_longer_than_the_context_names_the_users_values(capsys, tmp_path,
     assert_one_line_error(err, "generate", "600 tokens and the model has 512 positions")
 
 
-
 @pytest.mark.parametrize(
     "argv",
     [["generate", "hi", "--no-compare"], ["evaluate", "--items", "1", "--code-items", "0"], ["serve", "--port", "0"]],

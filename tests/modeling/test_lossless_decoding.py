@@ -138,7 +138,7 @@ def test_logits_only_for_the_verified_run_and_the_masks():
         model.lm_head.weight.mul_(50.0)
     model.calls = []
     prompt = torch.arange(10, 19)[None]
-    lossless(model, prompt, max_new_tokens=40, eos_token_id=None, wedlm_window_size=6, wedlm_entropy_threshold=0.6)
+    lossless(model, prompt, max_new_tokens=40, eos_token_id=None, wedlm_window_size=8, wedlm_entropy_threshold=0.6)
 
     def kept(keep, width):  # logits_to_keep: an int keeps the last rows, a tensor names the rows
         return keep.tolist() if isinstance(keep, torch.Tensor) else list(range(width - keep, width))
@@ -235,8 +235,12 @@ def test_context_drafts_commit_repeated_text_in_fewer_forwards(shipped_model, ba
     runs = {}
     for context in (True, False):
         out = lossless(
-            model, batch.input_ids, attention_mask=batch.attention_mask, wedlm_context_drafts=context,
-            return_dict_in_generate=True, **settings,
+            model,
+            batch.input_ids,
+            attention_mask=batch.attention_mask,
+            wedlm_context_drafts=context,
+            return_dict_in_generate=True,
+            **settings,
         )
         assert torch.equal(out.sequences, ar)
         runs[context] = out.wedlm_stats

@@ -223,7 +223,8 @@ def generate_wedlm(
     )
     decode_cache = past_key_values
     if config.cache_implementation == "static" or isinstance(past_key_values, StaticCache):
-        decode_cache = _slot_cache(model, config, past_key_values, len(input_ids), longest + max_new_tokens, window_size)
+        tokens = longest + max_new_tokens
+        decode_cache = _slot_cache(model, config, past_key_values, len(input_ids), tokens, window_size)
     else:
         model._valid_auto_compile_criteria({"past_key_values": decode_cache, "cache": decode_cache}, config)  # warns
     decoder = StreamingDecoder(

@@ -22,7 +22,6 @@ from transformers import Cache
 
 from .ragged_cache import cache_kwarg
 
-
 PREFILL_STEP = 32  # prefill widths are rounded up to a multiple of this
 LENGTH_STEP = 256  # and cache lengths to a multiple of this, so that generations of similar sizes share shapes
 
@@ -147,9 +146,7 @@ class SlotCache(Cache):
         kwargs = {self._cache_kwarg: self}
         if self._keeps_logits:
             keep = bucket(len(columns), width)
-            kwargs["logits_to_keep"] = torch.tensor(
-                columns + [columns[-1]] * (keep - len(columns)), device=self.device
-            )
+            kwargs["logits_to_keep"] = torch.tensor(columns + [columns[-1]] * (keep - len(columns)), device=self.device)
         call = self.model if self.compiled is None or prefill else self.compiled
         logits = call(
             input_ids=ids,

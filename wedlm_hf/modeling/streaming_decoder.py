@@ -454,9 +454,9 @@ class DraftWindow:
     """How many drafts of one source a lossless row tries per step: halved at a rejection, doubled when every one
     held. The model's own drafts start at `smallest` (on hard text a full window of them would mostly be wasted
     rows, and easy text doubles up to W in a few steps); context drafts start unbounded (up to W), as prompt
-    lookup does. Below `smallest` (the fewest worth a try) it is 0 and the source rests, so a step where every source rests
-    feeds only the final token, an AR step's cost; after `wait` such steps it tries `smallest` drafts again, and
-    each try that fails doubles the wait (up to MAX_PROBE_WAIT)."""
+    lookup does. Below `smallest` (the fewest worth a try) it is 0 and the source rests, so a step where every
+    source rests feeds only the final token, an AR step's cost; after `wait` such steps it tries `smallest` drafts
+    again, and each try that fails doubles the wait (up to MAX_PROBE_WAIT)."""
 
     smallest: int
     size: int = 1 << 30  # capped by W where used
