@@ -3,11 +3,17 @@
 #   (a) flash-attention-2 vs sdpa token equality of generate(strategy="wedlm"), batch 1 and 4 (skipped, with a line
 #       saying so, when the flash_attn package is absent);
 #   (b) `wedlm-hf bench --device cuda --dtype bfloat16`;
-#   (c) on a random Qwen3-8B-shaped model in bf16, one decoding forward of 2W rows (W=16) over one AR step.
+#   (c) on a random Qwen3-8B-shaped model in bf16, one decoding forward of 2W rows (W=16) over one AR step;
+#   (d) on the same model, batch 1 and 16: ms per decoding step and tokens/s of generate, AR and WeDLM (forced
+#       acceptance: wedlm_entropy_threshold=1e9, no eos), each static+compiled (cache_implementation="static",
+#       transformers' default compile: CUDA graphs) and eager (DynamicCache), the memory bound (weight bytes / measured
+#       copy bandwidth), and the targets with PASS/FAIL. Rows not started by 6.5 minutes are skipped, with a line.
+# A part that fails prints `PART (x) FAILED: <error>` and the next part runs; a failed part (not a missed target)
+# makes the exit status 1.
 # On a machine without network: run scripts/gpu_wheels.sh where there is one, and bring the .whl/ folder along;
 # this script installs from it only the wheels whose package is missing or older there (into /tmp/site).
 # Usage: scripts/gpu_check.sh          on the GPU machine, from a checkout with .whl/
-#        scripts/gpu_check.sh --cpu    dry run on the CPU: tiny sizes, float32, no wheel install
+#        scripts/gpu_check.sh --cpu    dry run on the CPU: tiny sizes, float32, dynamo's eager backend, no wheel install
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

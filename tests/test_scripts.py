@@ -1,6 +1,7 @@
 """The shell scripts: setup.sh installs only when something changed; gpu_check.sh's CPU dry run goes end to end."""
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -82,6 +83,14 @@ def test_gpu_check_cpu_dry_run():
     assert "eager vs sdpa, batch 4: 4/4 prompts give identical tokens" in out
     assert "model: 15.7M parameters, cpu, float32, 1 thread;" in out and "WeDLM / AR generate tokens/s" in out
     assert "decoding forward / AR step:" in out and out.rstrip().endswith("RESULT: tokens equal")
+    # (d): every path at both batch sizes, the compiled ones really compiled, the memory bound and the three targets
+    assert "FAILED" not in out and "SKIPPED" not in out and "memory bound:" in out
+    for path in ("AR static+compiled", "WeDLM static+compiled", "AR eager", "WeDLM eager"):
+        for batch in (1, 16):
+            assert re.search(rf"^{re.escape(path)} +{batch} +\d+\.\d+ +\d", out, re.M), (path, batch)
+            if "compiled" in path:
+                assert re.search(rf"^{re.escape(path)}, batch {batch}: warm-up \S+, [1-9]\d* graph", out, re.M)
+    assert len(re.findall(r"^target: .*: \d+\.\d+x (PASS|FAIL)$", out, re.M)) == 3
 
 
 def test_gpu_check_without_wheels_says_what_to_do(tmp_path):
