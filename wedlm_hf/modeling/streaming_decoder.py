@@ -141,9 +141,13 @@ class DecodingRow:
                 size = 0
             del self.window[size + self.leading_run() :]
             # Context drafts unless the model's own last drafts all held (counting, copying): there a wrong context
-            # draft would only displace them.
+            # draft would only displace them. A step that drafts from the context adds no masks after its drafts:
+            # their rows would cost as much as the drafts, for guesses drawn with unverified drafts in view.
+            run = self.leading_run()
             if self.settings.context_drafts and self.prefilled and not self.model_window.held:
                 self.draft_from_context()
+                if self.leading_run() > run:
+                    size = 0
         room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
         wanted = size + self.leading_run() - len(self.window)
         self.window.extend([None] * max(0, min(wanted, room)))
