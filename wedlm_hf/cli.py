@@ -423,6 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-request-bytes", type=positive_int, default=1 << 20, help="largest request body; beyond: 413"
     )
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    srv.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode on --max-batch-size fixed slots with a torch.compile'd step (CUDA graphs on a GPU); the same "
+        "answers, and the first requests wait for compilation",
+    )
     srv.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     srv.add_argument(
         "--shutdown-timeout", type=non_negative_float, default=10.0, help="seconds running requests get at exit"

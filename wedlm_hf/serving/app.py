@@ -72,6 +72,7 @@ def create_app(engine: ServingEngine, allowed_hosts: list[str] | None = None, ap
         body = {
             "status": status,
             "model": engine.model_id,
+            "compiled": scheduler.compiled is not None,  # `--compile`: decoding steps run compiled on fixed slots
             **engine.limits.to_dict(),
             **scheduler.snapshot(),
         }

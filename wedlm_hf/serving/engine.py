@@ -18,6 +18,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    CompileConfig,
     LogitsProcessorList,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -39,9 +40,18 @@ _GREEDY = FillSampler(False)
 
 
 class ServingEngine:
-    """The model, its tokenizer and the loop that decodes for it; `limits` (or keyword limits) bound requests."""
+    """The model, its tokenizer and the loop that decodes for it; `limits` (or keyword limits) bound requests, and
+    a `compile_config` (see `compile_config_for`) makes the loop decode compiled on fixed slots."""
 
-    def __init__(self, model, tokenizer, model_id: str, limits: ServingLimits | None = None, **kwargs):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        model_id: str,
+        limits: ServingLimits | None = None,
+        compile_config=None,
+        **kwargs,
+    ):
         self.limits = serving_limits(limits, **kwargs)
         mask_token_id = getattr(model.config, "mask_token_id", None)
         if mask_token_id is None:
@@ -75,7 +85,7 @@ class ServingEngine:
             generation.top_p,
             generation.top_k,
         )
-        self.scheduler = Scheduler(model, int(mask_token_id), self.limits)
+        self.scheduler = Scheduler(model, int(mask_token_id), self.limits, compile_config=compile_config)
 
     @classmethod
     def load(
@@ -245,6 +255,12 @@ def serving_device(device: str | None) -> torch.device:
         found = "a CUDA GPU was found" if torch.cuda.is_available() else "no CUDA GPU is usable here"
         raise ValueError(f"--device {device!r} cannot be used ({' '.join(str(exc).split())}); {found}.") from None
     return resolved
+
+
+def compile_config_for(device: torch.device) -> CompileConfig:
+    """How `--compile` compiles the decoding step: CUDA graphs on a GPU (transformers' own default for compiled
+    decoding), inductor's default mode elsewhere (CUDA graphs need CUDA)."""
+    return CompileConfig(mode="reduce-overhead" if device.type == "cuda" else "default")
 
 
 def default_model_name(model: str | None) -> str:

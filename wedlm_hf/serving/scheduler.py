@@ -10,6 +10,11 @@ hands events to the event loop with `call_soon_threadsafe`).
 Failures stay local: an exception while delivering one job's tokens fails that job alone; an exception inside
 `step()` fails the jobs of that batch (their rows shared the forward) and the decoder is rebuilt, so the loop and
 the requests that arrive later carry on.
+
+Compiled decoding (`compile_config`, `wedlm-hf serve --compile`): the decoder runs on a `SlotCache` of
+`max_batch_size` fixed slots (a joining row takes a free one; admission never has more live rows than slots), and
+its decoding steps go through one `torch.compile`d model call, shared by every decoder the loop builds; prefill
+steps run eagerly. Each row's tokens are the ones the eager loop commits.
 """
 
 import threading
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..modeling.slot_cache import PREFILL_STEP, SlotCache, bucket, round_up
 from ..modeling.streaming_decoder import DecodingRow, DecodingSettings, StreamingDecoder
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
@@ -107,13 +113,46 @@ def serving_limits(limits: ServingLimits | None = None, **kwargs) -> ServingLimi
     return ServingLimits(**kwargs)
 
 
+def slot_length(model, limits: ServingLimits) -> int:
+    """Tokens one fixed slot must hold: the context, plus the widest feed written past a row's committed tokens.
+    That is a decoding step's bucketed 2W, or a prompt chunk's feed (up to the step budget, rounded up) when a
+    joining prompt is prefilled beside a row that is already deep in its context."""
+    text = model.config.get_text_config()
+    context = getattr(text, "max_position_embeddings", None)
+    if not context:
+        raise ValueError(
+            "--compile sizes its fixed slots from the model's max_position_embeddings, which this model's config "
+            "does not set: set it in config.json or serve without --compile."
+        )
+    if "flash" in (getattr(model.config, "_attn_implementation", None) or ""):
+        raise ValueError(
+            "--compile decodes under a 4D attention mask that flash attention cannot take: load the model with "
+            "attn_implementation='sdpa' (the default) or serve without --compile."
+        )
+    if any(kind != "full_attention" for kind in getattr(text, "layer_types", None) or ()):
+        raise ValueError(
+            "--compile attends over whole slots, which sliding-window layers cannot: load the model with "
+            "use_sliding_window=False or serve without --compile."
+        )
+    widest = max(bucket(2 * limits.max_window_size) + PREFILL_STEP, round_up(limits.max_step_tokens, PREFILL_STEP))
+    return context + widest
+
+
 class Scheduler:
-    def __init__(self, model, mask_token_id: int, limits: ServingLimits | None = None, **kwargs):
+    """The decoding loop; `compile_config` (a transformers `CompileConfig`, None: eager) turns on compiled
+    decoding on fixed slots (see the module docstring)."""
+
+    def __init__(self, model, mask_token_id: int, limits: ServingLimits | None = None, compile_config=None, **kwargs):
         self.limits = serving_limits(limits, **kwargs)
         self.model = model
         self.mask_token_id = mask_token_id
         self.max_batch_size = self.limits.max_batch_size
         self.max_queue = self.limits.max_queue  # rows, of all requests together
+        self.compiled = None  # the compiled model call of decoding steps, None when decoding is eager
+        self.slot_length = 0  # tokens each fixed slot holds (compiled decoding only)
+        if compile_config is not None:
+            self.slot_length = slot_length(model, self.limits)
+            self.compiled = model.get_compiled_call(compile_config)
         self.decoder = self._new_decoder()
         self.counters = {"steps": 0, "completed": 0, "cancelled": 0, "failed": 0, "step_failures": 0}
         self._lock = threading.Condition()
@@ -204,7 +243,10 @@ class Scheduler:
             self._fail(job, 503, "The server shut down before the request finished.")
 
     def _new_decoder(self) -> StreamingDecoder:
-        return StreamingDecoder(self.model, self.mask_token_id, token_budget=self.limits.max_step_tokens)
+        cache = None
+        if self.compiled is not None:  # a decoder's rows own its slots: a new decoder gets fresh ones
+            cache = SlotCache(self.model, self.max_batch_size, self.slot_length, compiled=self.compiled)
+        return StreamingDecoder(self.model, self.mask_token_id, cache=cache, token_budget=self.limits.max_step_tokens)
 
     def _admit_locked(self) -> None:
         """Admits one row at a time from the waiting request with the fewest live rows (the earliest on ties), up
@@ -251,17 +293,19 @@ class Scheduler:
                 self._fail(job, 503, "The server shut down before the request finished.")
 
     def _step(self) -> None:
+        failure = None
         try:
             changed = self.decoder.step()
         except Exception as exc:  # the whole batch shared this forward: fail its jobs, start a fresh decoder
+            failure = f"Decoding failed for the batch this request was in ({type(exc).__name__}: {exc})."
+            self.decoder = None
+        if failure is not None:  # outside the except: its traceback no longer holds the old decoder's cache
             self.counters["step_failures"] += 1
             jobs = {job for job, _ in self._live.values()}
             self._live.clear()
             self.decoder = self._new_decoder()
             for job in jobs:
-                self._fail(
-                    job, 500, f"Decoding failed for the batch this request was in ({type(exc).__name__}: {exc})."
-                )
+                self._fail(job, 500, failure)
             return
         self.counters["steps"] += 1
         for row in changed:

@@ -15,7 +15,7 @@ import uvicorn
 
 from .access import default_allowed_hosts
 from .app import create_app
-from .engine import ServingEngine, serving_device
+from .engine import ServingEngine, compile_config_for, serving_device
 from .limits import ServingLimits
 
 API_KEY_ENV = "WEDLM_HF_API_KEY"
@@ -76,15 +76,23 @@ def serve_command(args) -> None:
         torch.set_num_threads(args.threads)
     try:
         engine = ServingEngine.load(
-            args.model, device=str(device), served_model_name=args.served_model_name, limits=limits
+            args.model,
+            device=str(device),
+            served_model_name=args.served_model_name,
+            limits=limits,
+            compile_config=compile_config_for(device) if args.compile else None,
         )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
+    compiled = "; compiled decoding (the first requests wait for compilation)" if engine.scheduler.compiled else ""
+
     def announce(url: str) -> None:
         print(
             f"serving {engine.model_id} on {url} (playground: /, API: /v1, health: /health); max batch size "
-            f"{limits.max_batch_size}, max queue {limits.max_queue} rows" + ("; API key required" if api_key else ""),
+            f"{limits.max_batch_size}, max queue {limits.max_queue} rows"
+            + compiled
+            + ("; API key required" if api_key else ""),
             flush=True,
         )
 
