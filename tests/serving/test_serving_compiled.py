@@ -195,11 +195,10 @@ def test_a_failed_compiled_step_rebuilds_the_decoder_on_fresh_slots(char_tokeniz
 
 def test_slot_length_refuses_models_the_static_step_cannot_decode():
     model = build_model(seed=0)
-    limits = Scheduler(model, MASK_ID).limits
-    assert slot_length(model, limits) == 512 + 2048  # the context, plus the widest prefill feed (the step budget)
+    assert slot_length(model) == 512  # the context: padding goes to the sink column
     unbounded = types.SimpleNamespace(config=types.SimpleNamespace(get_text_config=types.SimpleNamespace))
     with pytest.raises(ValueError, match="max_position_embeddings.*without --compile"):
-        slot_length(unbounded, limits)  # a config without a context length
+        slot_length(unbounded)  # a config without a context length
     sliding = build_model(seed=0, layer_types=["sliding_attention", "full_attention"], sliding_window=8)
     with pytest.raises(ValueError, match="sliding-window layers.*use_sliding_window=False"):
         Scheduler(sliding, MASK_ID, compile_config=FAST_COMPILE)

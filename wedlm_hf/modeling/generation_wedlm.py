@@ -25,7 +25,7 @@ from transformers.generation import (
 )
 
 from .batch_stopping import BatchStoppingCriteria
-from .slot_cache import PREFILL_STEP, SlotCache, bucket
+from .slot_cache import SlotCache
 from .streaming_decoder import DecodingSettings, StreamingDecoder, WeDLMStats
 from .window_filling import FillSampler
 
@@ -224,7 +224,7 @@ def generate_wedlm(
     decode_cache = past_key_values
     if config.cache_implementation == "static" or isinstance(past_key_values, StaticCache):
         tokens = longest + max_new_tokens
-        decode_cache = _slot_cache(model, config, past_key_values, len(input_ids), tokens, window_size)
+        decode_cache = _slot_cache(model, config, past_key_values, len(input_ids), tokens)
     else:
         model._valid_auto_compile_criteria({"past_key_values": decode_cache, "cache": decode_cache}, config)  # warns
     decoder = StreamingDecoder(
@@ -259,8 +259,8 @@ def generate_wedlm(
     )
 
 
-def _slot_cache(model, config, given, rows: int, tokens: int, window_size: int) -> SlotCache:
-    """The static decoding cache: one slot per row, room for prompt + new tokens + the widest feed. Decoding steps
+def _slot_cache(model, config, given, rows: int, tokens: int) -> SlotCache:
+    """The static decoding cache: one slot per row, room for prompt + new tokens. Decoding steps
     run compiled where transformers would compile AR decoding (`compile_config`, `disable_compile`, the device)."""
     text = model.config.get_text_config()
     _refuse(
@@ -274,17 +274,14 @@ def _slot_cache(model, config, given, rows: int, tokens: int, window_size: int) 
         "a static cache with sliding-window layers",
         "load the model with use_sliding_window=False",
     )
-    # A feed holds the W slots left after this step's commit plus the run it commits; a prefill, its rounding.
-    widest = bucket(2 * window_size) + PREFILL_STEP
-    length = tokens + widest
+    length = tokens
     if given is not None:
         _refuse(given.get_seq_length() != 0, "a StaticCache that is not empty", "pass a new or reset() StaticCache")
         capacity = given.get_max_length() if hasattr(given, "get_max_length") else given.get_max_cache_shape()
         _refuse(
             capacity < length,
             f"this StaticCache (max_cache_len={capacity})",
-            f"this generation needs max_cache_len >= {length} (longest prompt + max_new_tokens + {widest} for the "
-            "widest feed)",
+            f"this generation needs max_cache_len >= {length} (longest prompt + max_new_tokens)",
         )
         length = capacity
     cache = SlotCache(model, rows, length)

@@ -1,17 +1,19 @@
 """A preallocated KV cache with fixed batch slots and a write position per row: WeDLM on a static cache.
 
-Every slot holds its row's committed K/V in columns 0..length-1, in logical order. A step writes each fed token at
-column length + i (the i-th token of the row's feed), so the leading run a row commits is already in place: its
-length advances by what it committed and the next step overwrites the rest. Nothing is dropped, moved or compacted,
-and a step's tensors have shapes that depend only on buckets, never on how many tokens a row committed:
+Every slot holds its row's committed K/V in columns 0..length-1, in logical order. A step writes the i-th real
+token of a row's feed (padding skipped) at column length + i, so the leading run a row commits is already in place:
+its length advances by what it committed and the next step overwrites the rest. Padding is written to the slot's
+last column, a sink no query sees, so a row never needs room for more than its own tokens: `max_length` tokens of
+prompt plus generated text, however wide a step's feed. Nothing is dropped, moved or compacted, and a step's
+tensors have shapes that depend only on buckets, never on how many tokens a row committed:
 
 - slots: the fed batch is the first `bucket(highest occupied slot + 1)` slots (a power of two, at most `slots`);
   a free or finished slot is fed padding that writes only past its length;
 - width: a decoding step feeds `bucket(widest row)` tokens per row (a power of two); a step that prefills a prompt
   feeds its width rounded up to a multiple of PREFILL_STEP and runs uncompiled, as transformers' prefill does;
 - logits: the columns asked for, padded to a power of two by repeating the last one;
-- keys: every step attends over all `max_length` columns (a multiple of LENGTH_STEP) under a 4D additive mask
-  (the row's committed prefix, plus the fed tokens up to itself that are not padding).
+- keys: every step attends over all columns (max_length + the sink, rounded up to a multiple of LENGTH_STEP)
+  under a 4D additive mask: the row's committed prefix, plus its real fed tokens up to itself.
 
 Under `torch.compile` (the `compiled` call, or a compiled `model.forward`), a generation therefore sees a handful
 of shapes; positions, write positions and the mask are tensors, so no Python branches on tensor values.
@@ -58,11 +60,12 @@ class SlotCache(Cache):
     """
 
     def __init__(self, model, slots: int, max_length: int, compiled=None):
-        max_length = round_up(max_length, LENGTH_STEP)
+        """`max_length`: the tokens (prompt plus generated) a row may hold; the slot gets a sink column more."""
+        columns = round_up(max_length + 1, LENGTH_STEP)
         text = model.config.get_text_config()
         heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        shape = (slots, heads, max_length, head_dim)
+        shape = (slots, heads, columns, head_dim)
         layers = [
             SlotLayer(
                 torch.zeros(shape, dtype=model.dtype, device=model.device),
@@ -73,7 +76,7 @@ class SlotCache(Cache):
         super().__init__(layers=layers)
         self.model = model
         self.slots = slots
-        self.max_length = max_length
+        self.max_length = columns - 1  # the last column is the sink
         self.compiled = compiled
         self.device = model.device
         self.lengths = [0] * slots  # committed columns per slot
@@ -81,7 +84,7 @@ class SlotCache(Cache):
         self.write_index: torch.Tensor | None = None  # (fed slots, width): where this step's tokens go
         self._keeps_logits = model._supports_logits_to_keep()
         self._cache_kwarg = cache_kwarg(model)
-        self._arange = torch.arange(max_length, device=model.device)
+        self._arange = torch.arange(columns, device=model.device)
 
     # ---- what the model calls --------------------------------------------------------------------------------
 
@@ -128,11 +131,11 @@ class SlotCache(Cache):
         given columns (ascending), computing no others where the model allows. A step that prefills a prompt runs
         the model uncompiled."""
         rows, width = input_ids.shape
-        lengths = [self.lengths[slot] for slot in self.slot_of]
-        if max(lengths) + width > self.max_length:
+        extent = max(self.lengths[slot] + n for slot, n in zip(self.slot_of, new_valid.sum(1).tolist()))
+        if extent > self.max_length:
             raise RuntimeError(
-                f"The static cache holds {self.max_length} tokens per row, and this step would write up to "
-                f"{max(lengths) + width}: make the cache longer (max_cache_len) or generate fewer tokens."
+                f"The static cache holds {self.max_length} tokens per row, and this step would take a row to "
+                f"{extent}: make the cache longer (max_cache_len) or generate fewer tokens."
             )
         fed = bucket(max(self.slot_of) + 1, self.slots)
         slots = torch.tensor(self.slot_of, device=self.device)
@@ -140,8 +143,9 @@ class SlotCache(Cache):
         pos = position_ids.new_zeros((fed, width)).index_copy_(0, slots, position_ids)
         valid = new_valid.new_zeros((fed, width)).index_copy_(0, slots, new_valid)
         start = torch.tensor(self.lengths[:fed], device=self.device)
-        self.write_index = start[:, None] + self._arange[:width]
-        mask = self._attention_mask(start, valid)
+        rank = valid.long().cumsum(1) - 1  # a real token's place among the row's real tokens
+        self.write_index = torch.where(valid, start[:, None] + rank, self.max_length)
+        mask = self._attention_mask(start, rank)
 
         kwargs = {self._cache_kwarg: self}
         if self._keeps_logits:
@@ -178,15 +182,12 @@ class SlotCache(Cache):
     def compact_if_needed(self) -> bool:
         return False
 
-    def _attention_mask(self, start: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """(fed slots, 1, width, max_length) additive mask: query j of a slot sees the slot's committed columns and
-        the fed tokens 0..j that are not padding (a free slot, with no column, sees nothing: its output is unused)."""
-        width = valid.shape[1]
-        offset = self._arange[None, :] - start[:, None]  # column - length: the fed token a column holds
-        inside = (offset >= 0) & (offset < width)
-        fed_valid = valid.gather(1, offset.clamp(0, width - 1)) & inside  # (slots, max_length)
-        query = self._arange[:width]
-        seen = (offset[:, None, :] < 0) | (fed_valid[:, None, :] & (offset[:, None, :] <= query[None, :, None]))
+    def _attention_mask(self, start: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+        """(fed slots, 1, width, columns) additive mask: a real token of rank r sees the slot's committed columns and
+        the r + 1 real tokens written from `start` on (itself included). Padding queries, whose output is unused,
+        see something or nothing; a free slot's see nothing. No query sees the sink: a row's tokens end before it."""
+        offset = self._arange[None, :] - start[:, None]  # column - length: the rank of the token a column holds
+        seen = (offset[:, None, :] < 0) | ((offset[:, None, :] >= 0) & (offset[:, None, :] <= rank[:, :, None]))
         zero = torch.zeros((), dtype=self.model.dtype, device=self.device)
         blocked = torch.tensor(torch.finfo(self.model.dtype).min, dtype=self.model.dtype, device=self.device)
         return torch.where(seen, zero, blocked)[:, None]

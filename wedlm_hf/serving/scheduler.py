@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.slot_cache import PREFILL_STEP, SlotCache, bucket, round_up
+from ..modeling.slot_cache import SlotCache
 from ..modeling.streaming_decoder import DecodingRow, DecodingSettings, StreamingDecoder
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
@@ -113,10 +113,9 @@ def serving_limits(limits: ServingLimits | None = None, **kwargs) -> ServingLimi
     return ServingLimits(**kwargs)
 
 
-def slot_length(model, limits: ServingLimits) -> int:
-    """Tokens one fixed slot must hold: the context, plus the widest feed written past a row's committed tokens.
-    That is a decoding step's bucketed 2W, or a prompt chunk's feed (up to the step budget, rounded up) when a
-    joining prompt is prefilled beside a row that is already deep in its context."""
+def slot_length(model) -> int:
+    """Tokens one fixed slot must hold: the model's context (a feed's padding goes to the slot's sink column, so a
+    row needs room for its own tokens only, even beside a long prompt's prefill)."""
     text = model.config.get_text_config()
     context = getattr(text, "max_position_embeddings", None)
     if not context:
@@ -134,8 +133,7 @@ def slot_length(model, limits: ServingLimits) -> int:
             "--compile attends over whole slots, which sliding-window layers cannot: load the model with "
             "use_sliding_window=False or serve without --compile."
         )
-    widest = max(bucket(2 * limits.max_window_size) + PREFILL_STEP, round_up(limits.max_step_tokens, PREFILL_STEP))
-    return context + widest
+    return context
 
 
 class Scheduler:
@@ -151,7 +149,7 @@ class Scheduler:
         self.compiled = None  # the compiled model call of decoding steps, None when decoding is eager
         self.slot_length = 0  # tokens each fixed slot holds (compiled decoding only)
         if compile_config is not None:
-            self.slot_length = slot_length(model, self.limits)
+            self.slot_length = slot_length(model)
             self.compiled = model.get_compiled_call(compile_config)
         self.decoder = self._new_decoder()
         self.counters = {"steps": 0, "completed": 0, "cancelled": 0, "failed": 0, "step_failures": 0}
