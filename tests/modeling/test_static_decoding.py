@@ -114,7 +114,7 @@ def test_stops_criteria_stop_strings_and_streamer_as_eager(model64, char_tokeniz
 def test_a_static_cache_passed_in(model64):
     ids, mask = prompts(2)
     eager, _ = eager_and_static(model64, ids, mask, max_new_tokens=20)
-    cache = StaticCache(config=model64.config, max_cache_len=512)
+    cache = StaticCache(config=model64.config, max_cache_len=ids.shape[1] + 20)  # what AR would take
     out = model64.generate(ids, attention_mask=mask, max_new_tokens=20, **COMMON, **{CACHE_KWARG: cache})
     assert torch.equal(out.sequences, eager.sequences)
     assert out.cache is cache  # refilled with the committed K/V, laid out as `sequences`
