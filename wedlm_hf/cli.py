@@ -268,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument(
         "--json", default=None, metavar="FILE", help="also write the measurements to this file (default: none)"
     )
+    bl.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also AR, WeDLM and lossless on the static cache with torch.compile(model.forward), checked against AR "
+        "(compiling takes minutes)",
+    )
 
     tok = command("train-tokenizer", "train the byte-level BPE tokenizer of the shipped model")
     tok.add_argument("--data", default="offline-mix", choices=("offline-mix",), help="the tokenizer's corpus")
