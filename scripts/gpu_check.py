@@ -96,6 +96,7 @@ def bench(device: str, dtype: str, small: bool) -> None:
     argv = ["bench", "--device", device, "--dtype", dtype]
     if small:
         argv += ["--new-tokens", "8", "--long-tokens", "16", "--batch", "2", "--repeats", "1", "--threads", "1"]
+        argv += ["--no-compile"]  # a CPU dry run: compiling would take minutes
     print("wedlm-hf " + " ".join(argv), flush=True)
     wedlm_hf_cli(argv)
 

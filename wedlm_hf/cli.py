@@ -222,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.check = _check_generate
 
-    bench = command("bench", "AR generate vs WeDLM vs the no-cache block-wise baseline, one process")
+    bench = command(
+        "bench", "AR generate vs WeDLM (eager, and static+compiled) vs the no-cache block-wise baseline, one process"
+    )
     bench.add_argument(
         "--model",
         type=existing_folder,
@@ -235,13 +237,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--long-tokens", type=non_negative_int, default=1024, help="length of the block-wise comparison (0: skip)"
     )
     bench.add_argument("--batch", type=positive_int, default=4, help="prompts in the batched run")
-    bench.add_argument("--repeats", type=positive_int, default=3, help="timed runs per row (the median is shown)")
+    bench.add_argument(
+        "--repeats", type=positive_int, default=3, help="timed runs per row, interleaved (the best is shown)"
+    )
     bench.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     bench.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
     bench.add_argument(
         "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights and activations"
     )
     bench.add_argument("--json", default=None, help="also write the measurements to this file (default: none)")
+    bench.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="skip the static-cache rows with torch.compile(model.forward) (compiling takes a minute or more)",
+    )
     _add_decoding_args(bench, tau=1e9)  # accept every mask: measures the mechanics, not a model
 
     bl = command("bench-lossless", "lossless WeDLM vs AR generate vs prompt lookup decoding, per prompt family")
@@ -258,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     bl.add_argument(
         "--json", default=None, metavar="FILE", help="also write the measurements to this file (default: none)"
+    )
+    bl.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also AR, WeDLM and lossless on the static cache with torch.compile(model.forward), checked against AR "
+        "(compiling takes minutes)",
     )
 
     tok = command("train-tokenizer", "train the byte-level BPE tokenizer of the shipped model")

@@ -6,14 +6,29 @@ from conftest import VOCAB, build_model
 from wedlm_hf.cli import build_parser
 from wedlm_hf.data import FAMILIES
 from wedlm_hf.evaluation import lossless_benchmark
-from wedlm_hf.evaluation.lossless_benchmark import COLUMNS, DECODERS, EXACT, repeat_prompts, run_lossless_benchmark
+from wedlm_hf.evaluation.lossless_benchmark import (
+    COLUMNS,
+    COMPILED_COLUMNS,
+    COMPILED_DECODERS,
+    DECODERS,
+    EXACT,
+    EXACT_COMPILED,
+    repeat_prompts,
+    run_lossless_benchmark,
+)
 
 
-def tiny_run(tmp_path, char_tokenizer):
+def tiny_run(tmp_path, char_tokenizer, **options):
     build_model(dtype=torch.float32).save_pretrained(tmp_path, tokenizer=char_tokenizer)
     lines = []
     report = run_lossless_benchmark(
-        str(tmp_path), prompts_per_family=1, new_tokens=6, repeats=1, train_items_per_family=200, log=lines.append
+        str(tmp_path),
+        prompts_per_family=1,
+        new_tokens=6,
+        repeats=1,
+        train_items_per_family=200,
+        log=lines.append,
+        **options,
     )
     return report, "\n".join(lines).splitlines()
 
@@ -33,6 +48,20 @@ def test_every_family_and_decoder_is_reported_and_checked_against_ar(tmp_path, c
     assert lines[-1] == "identical to AR generate on every prompt: " + ", ".join(EXACT)
 
 
+def test_compiled_decoders_are_reported_and_checked_against_ar(tmp_path, char_tokenizer):
+    """torch.compile's "eager" backend: the compiled plumbing (swapped forward, static cache) without compiling."""
+    report, lines = tiny_run(tmp_path, char_tokenizer, compiled=True, compile_backend="eager")
+    assert report["mismatches"] == [] and report["settings"]["compiled"] == "eager"
+    for row in report["families"].values():
+        assert all(row[name]["tokens_per_s"] > 0 for name in (*DECODERS, *COMPILED_DECODERS))
+        assert row["identical_to_ar"] == dict.fromkeys(EXACT + EXACT_COMPILED, True)
+        assert row["lossless_compiled_vs_ar_compiled"] > 0 and row["lossless compiled"]["tokens_per_forward"] > 0
+    header = next(i for i, line in enumerate(lines) if line.startswith("family ") and "ARc" in line)
+    assert lines[header].split()[: len(COMPILED_COLUMNS)] == list(COMPILED_COLUMNS)
+    assert lines[header + 1].split()[0] == FAMILIES[0]
+    assert lines[-1] == "identical to AR generate on every prompt: " + ", ".join(EXACT + EXACT_COMPILED)
+
+
 def test_a_decoder_that_differs_from_ar_is_reported(tmp_path, char_tokenizer, monkeypatch):
     """Every token suppressed: greedy picks token 0 throughout, which AR does not."""
     monkeypatch.setitem(DECODERS, "prompt lookup", dict(do_sample=False, suppress_tokens=list(range(VOCAB))))
@@ -48,5 +77,6 @@ def test_repeat_prompts_and_command_defaults():
     assert len(set(prompts)) == 3 and prompts == repeat_prompts(3) and prompts[2].startswith("def unpack(")
     args = build_parser().parse_args(["bench-lossless"])
     assert (args.prompts_per_family, args.new_tokens, args.repeats, args.threads) == (3, 64, 3, 1)
-    assert args.model is None and args.json is None
+    assert args.model is None and args.json is None and not args.compiled
+    assert build_parser().parse_args(["bench-lossless", "--compiled"]).compiled
     assert callable(lossless_benchmark.bench_lossless_command)

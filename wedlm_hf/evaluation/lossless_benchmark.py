@@ -4,8 +4,14 @@ Lossless decoding promises AR greedy output, faster; prompt lookup (`prompt_look
 promise by drafting from the context, so it is the baseline to beat. Each family's prompts go through every decoder
 in one process, interleaved (the order rotates each repeat) and timed best of `repeats`, so a busy machine slows all
 decoders alike. Before any timing, each output that should equal AR's is checked against it, prompt by prompt.
+
+With `compiled`, three more decoders run on the static cache (`cache_implementation="static"`) with
+`torch.compile(model.forward)` swapped in for their runs only, as a user compiles AR on the CPU: AR, WeDLM and
+lossless, compiled. The lossless promise holds there too: "lossless compiled" (and "AR compiled") must be AR's output.
+The untimed check pass is also their warm-up, so compilation is never timed.
 """
 
+import contextlib
 import json
 import random
 import time
@@ -15,6 +21,7 @@ from transformers import AutoTokenizer
 
 from ..data import FAMILIES, default_model_path
 from ..modeling import WeDLMForCausalLM
+from .benchmark import compiled_forward, swapped_forward
 from .evaluate import code_snippets, held_out_items
 
 # name -> generate() arguments; the WeDLM ones take W, tau and lambda from the model's generation config.
@@ -27,6 +34,14 @@ DECODERS = {
 }
 # Decoders whose output must be AR's, token for token.
 EXACT = ("prompt lookup", "lossless", "lossless, no context drafts")
+# With `compiled`: these run on the static cache under a compiled forward.
+COMPILED_DECODERS = {
+    "AR compiled": dict(do_sample=False, cache_implementation="static"),
+    "WeDLM compiled": dict(strategy="wedlm", cache_implementation="static"),
+    "lossless compiled": dict(strategy="wedlm", wedlm_lossless=True, cache_implementation="static"),
+}
+# (disable_compile=True for them: the swapped-in compiled forward is the one compile, whatever the device.)
+EXACT_COMPILED = ("AR compiled", "lossless compiled")
 _WORDS = "apple river stone cloud tiger lamp orange piano forest candle mirror silver rocket garden window".split()
 
 
@@ -67,17 +82,28 @@ def run_lossless_benchmark(
     repeats: int = 3,
     threads: int = 1,
     train_items_per_family: int = 20000,
+    compiled: bool = False,
+    compile_backend: str = "inductor",
     log=print,
 ) -> dict:
+    """`compiled`: also the COMPILED_DECODERS, with torch.compile's `compile_backend` ("eager": the plumbing only)."""
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = WeDLMForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     families = prompt_families(tokenizer, prompts_per_family, train_items_per_family)
-    names = list(DECODERS)
+    decoders = {**DECODERS, **(COMPILED_DECODERS if compiled else {})}
+    names = list(decoders)
+    exact = EXACT + (EXACT_COMPILED if compiled else ())
+    compiled_call = compiled_forward(model, compile_backend) if compiled else None
 
     def decode(name: str, ids: list[int]):
         x = torch.tensor([ids])
-        out = model.generate(x, max_new_tokens=new_tokens, return_dict_in_generate=True, **DECODERS[name])
+        forward = swapped_forward(model, compiled_call) if name in COMPILED_DECODERS else contextlib.nullcontext()
+        with forward:
+            extra = dict(disable_compile=True) if name in COMPILED_DECODERS else {}
+            out = model.generate(
+                x, max_new_tokens=new_tokens, return_dict_in_generate=True, **decoders[name], **extra
+            )
         stats = getattr(out, "wedlm_stats", None)
         return out.sequences[0, len(ids) :].tolist(), stats[0] if stats else None
 
@@ -88,7 +114,7 @@ def run_lossless_benchmark(
             for name in names:
                 outputs[family, p, name] = decode(name, ids)
             ar = outputs[family, p, "AR"][0]
-            for name in EXACT:
+            for name in exact:
                 got = outputs[family, p, name][0]
                 if got != ar:
                     first = next((i for i, (a, b) in enumerate(zip(ar, got)) if a != b), min(len(ar), len(got)))
@@ -129,12 +155,18 @@ def run_lossless_benchmark(
                     accepted_model_drafts=sum(s.accepted_drafts - s.accepted_context_drafts for s in stats),
                     rejected_model_drafts=sum(s.rejected_drafts - s.rejected_context_drafts for s in stats),
                 )
-        for name in EXACT:
+        for name in exact:
             wrong = [m for m in mismatches if m["decoder"] == name and family in (m["family"], "all")]
             row["identical_to_ar"][name] = not wrong
         lossless = row["lossless"]["tokens_per_s"]
         row["lossless_vs_ar"] = lossless / row["AR"]["tokens_per_s"]
         row["lossless_vs_prompt_lookup"] = lossless / row["prompt lookup"]["tokens_per_s"]
+        if compiled:
+            lossless_compiled = row["lossless compiled"]["tokens_per_s"]
+            row["lossless_compiled_vs_ar_compiled"] = lossless_compiled / row["AR compiled"]["tokens_per_s"]
+            row["lossless_compiled_vs_lossless"] = lossless_compiled / lossless
+            row["wedlm_compiled_vs_wedlm"] = row["WeDLM compiled"]["tokens_per_s"] / row["WeDLM"]["tokens_per_s"]
+            row["ar_compiled_vs_ar"] = row["AR compiled"]["tokens_per_s"] / row["AR"]["tokens_per_s"]
         rows[family] = row
 
     threads_used = torch.get_num_threads()
@@ -150,14 +182,24 @@ def run_lossless_benchmark(
         "drafts by source"
     )
     log(format_table(rows))
+    if compiled:
+        log(
+            "compiled: cache_implementation='static' with torch.compile(model.forward) (backend "
+            f"{compile_backend!r}): ARc = AR, WeDLMc = WeDLM, LLc = lossless, compiled; x/y = ratios of tokens/s"
+        )
+        log(format_compiled_table(rows))
     failed = sorted({(m["decoder"], m["family"]) for m in mismatches})
     if failed:
         log("!!! NOT identical to AR generate: " + ", ".join(f"{d} on {f}" for d, f in failed))
     else:
-        log(f"identical to AR generate on every prompt: {', '.join(EXACT)}")
+        log(f"identical to AR generate on every prompt: {', '.join(exact)}")
     return dict(
         settings=dict(
-            prompts_per_family=prompts_per_family, new_tokens=new_tokens, repeats=repeats, threads=threads_used
+            prompts_per_family=prompts_per_family,
+            new_tokens=new_tokens,
+            repeats=repeats,
+            threads=threads_used,
+            compiled=compile_backend if compiled else None,
         ),
         families=rows,
         mismatches=mismatches,
@@ -182,6 +224,22 @@ def format_table(rows: dict) -> str:
     return "\n".join(lines)
 
 
+COMPILED_COLUMNS = ("family", "tok", "ARc", "WeDLMc", "LLc", "LLc/ARc", "ARc/AR", "WeDLMc/WeDLM", "LLc/LL")
+
+
+def format_compiled_table(rows: dict) -> str:
+    head = f"{COMPILED_COLUMNS[0]:<11}{COMPILED_COLUMNS[1]:>5}" + "".join(f"{c:>8}" for c in COMPILED_COLUMNS[2:5])
+    head += "".join(f"{c:>13}" for c in COMPILED_COLUMNS[5:])
+    lines = [head + f"{'tok/fwd LLc':>13}"]
+    for family, r in rows.items():
+        speeds = "".join(f"{r[n]['tokens_per_s']:>8.0f}" for n in COMPILED_DECODERS)
+        keys = ("lossless_compiled_vs_ar_compiled", "ar_compiled_vs_ar", "wedlm_compiled_vs_wedlm")
+        ratios = "".join(f"{r[k]:>12.2f}x" for k in (*keys, "lossless_compiled_vs_lossless"))
+        per_forward = f"{r['lossless compiled']['tokens_per_forward']:>13.2f}"
+        lines.append(f"{family:<11}{r['AR compiled']['tokens']:>5}{speeds}{ratios}{per_forward}")
+    return "\n".join(lines)
+
+
 def portable_name(path: str) -> str:
     return "the shipped model" if path == default_model_path() else path
 
@@ -194,6 +252,7 @@ def bench_lossless_command(args) -> None:
         new_tokens=args.new_tokens,
         repeats=args.repeats,
         threads=args.threads,
+        compiled=args.compiled,
     )
     if args.json:
         with open(args.json, "w") as f:
