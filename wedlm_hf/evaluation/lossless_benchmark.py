@@ -101,9 +101,7 @@ def run_lossless_benchmark(
         forward = swapped_forward(model, compiled_call) if name in COMPILED_DECODERS else contextlib.nullcontext()
         with forward:
             extra = dict(disable_compile=True) if name in COMPILED_DECODERS else {}
-            out = model.generate(
-                x, max_new_tokens=new_tokens, return_dict_in_generate=True, **decoders[name], **extra
-            )
+            out = model.generate(x, max_new_tokens=new_tokens, return_dict_in_generate=True, **decoders[name], **extra)
         stats = getattr(out, "wedlm_stats", None)
         return out.sequences[0, len(ids) :].tolist(), stats[0] if stats else None
 

@@ -12,8 +12,8 @@ tensors have shapes that depend only on buckets, never on how many tokens a row 
 - width: a decoding step feeds `bucket(widest row)` tokens per row (a power of two); a step that prefills a prompt
   feeds its width rounded up to a multiple of PREFILL_STEP and runs uncompiled, as transformers' prefill does;
 - logits: the columns asked for, padded to a power of two by repeating the last one;
-- keys: every step attends over all columns (max_length + the sink, rounded up to a multiple of LENGTH_STEP)
-  under a 4D additive mask: the row's committed prefix, plus its real fed tokens up to itself.
+- keys: a step attends over the first columns that hold every fed row's tokens, rounded up to a multiple of
+  KEYS_STEP, under a 4D additive mask: the row's committed prefix, plus its real fed tokens up to itself.
 
 Under `torch.compile` (the `compiled` call, or a compiled `model.forward`), a generation therefore sees a handful
 of shapes; positions, write positions and the mask are tensors, so no Python branches on tensor values.
@@ -26,6 +26,7 @@ from .ragged_cache import cache_kwarg
 
 PREFILL_STEP = 32  # prefill widths are rounded up to a multiple of this
 LENGTH_STEP = 256  # and cache lengths to a multiple of this, so that generations of similar sizes share shapes
+KEYS_STEP = 128  # a step attends over a multiple of this many columns
 
 
 def bucket(n: int, cap: int | None = None) -> int:
@@ -82,6 +83,7 @@ class SlotCache(Cache):
         self.lengths = [0] * slots  # committed columns per slot
         self.slot_of: list[int] = []  # the slot of each active row, in the decoder's row order
         self.write_index: torch.Tensor | None = None  # (fed slots, width): where this step's tokens go
+        self.keys_length = columns  # the columns this step attends over
         self._keeps_logits = model._supports_logits_to_keep()
         self._cache_kwarg = cache_kwarg(model)
         self._arange = torch.arange(columns, device=model.device)
@@ -94,7 +96,7 @@ class SlotCache(Cache):
         index = self.write_index[:, None, :, None].expand(fed, heads, width, dim)
         layer.keys[:fed].scatter_(2, index, key_states)
         layer.values[:fed].scatter_(2, index, value_states)
-        return layer.keys[:fed], layer.values[:fed]
+        return layer.keys[:fed, :, : self.keys_length], layer.values[:fed, :, : self.keys_length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """0: rows have lengths of their own (`lengths`), and the model is always given positions explicitly."""
@@ -145,6 +147,7 @@ class SlotCache(Cache):
         start = torch.tensor(self.lengths[:fed], device=self.device)
         rank = valid.long().cumsum(1) - 1  # a real token's place among the row's real tokens
         self.write_index = torch.where(valid, start[:, None] + rank, self.max_length)
+        self.keys_length = min(round_up(extent, KEYS_STEP), self.max_length + 1)
         mask = self._attention_mask(start, rank)
 
         kwargs = {self._cache_kwarg: self}
@@ -183,10 +186,11 @@ class SlotCache(Cache):
         return False
 
     def _attention_mask(self, start: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-        """(fed slots, 1, width, columns) additive mask: a real token of rank r sees the slot's committed columns and
-        the r + 1 real tokens written from `start` on (itself included). Padding queries, whose output is unused,
-        see something or nothing; a free slot's see nothing. No query sees the sink: a row's tokens end before it."""
-        offset = self._arange[None, :] - start[:, None]  # column - length: the rank of the token a column holds
+        """(fed slots, 1, width, keys_length) additive mask: a real token of rank r sees the slot's committed
+        columns and the r + 1 real tokens written from `start` on (itself included). Padding queries, whose output
+        is unused, see something or nothing; a free slot's see nothing. No query sees the sink: a row's tokens end
+        before it."""
+        offset = self._arange[None, : self.keys_length] - start[:, None]  # column - length: the rank it holds
         seen = (offset[:, None, :] < 0) | ((offset[:, None, :] >= 0) & (offset[:, None, :] <= rank[:, :, None]))
         zero = torch.zeros((), dtype=self.model.dtype, device=self.device)
         blocked = torch.tensor(torch.finfo(self.model.dtype).min, dtype=self.model.dtype, device=self.device)
