@@ -119,6 +119,21 @@ sys.meta_path.insert(0, _Block())
 """
 
 
+# Loads a saved folder as remote code and prints generate(strategy='wedlm', **settings) (for run_without_wedlm_hf).
+REMOTE_GENERATE = """
+    import json, sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder, request = sys.argv[1], json.loads(sys.argv[2])
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float64)
+    ids, mask = torch.tensor(request["ids"]), torch.tensor(request["mask"])
+    out = model.generate(ids, attention_mask=mask, strategy="wedlm", **request["settings"])
+    print("RESULT " + json.dumps(out.tolist()))
+    """
+
+
 def run_without_wedlm_hf(script: str, args: list[str], workdir) -> dict:
     """Runs `script` where wedlm_hf cannot be imported (remote code goes to `workdir`/modules); returns the JSON it
     printed after "RESULT "."""

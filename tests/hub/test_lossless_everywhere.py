@@ -3,27 +3,13 @@
 import json
 
 import torch
-from conftest import EOS_ID, MASK_ID, build_model, peaky, prompts, run_without_wedlm_hf, tiny_config
+from conftest import EOS_ID, MASK_ID, REMOTE_GENERATE, build_model, peaky, prompts, run_without_wedlm_hf, tiny_config
 from transformers import Qwen3Config, Qwen3ForCausalLM, pipeline
 
 from wedlm_hf import WeDLMForCausalLM
 from wedlm_hf.hub.custom_generate import export_custom_generate
 
 SETTINGS = dict(max_new_tokens=14, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
-
-# Decodes a saved folder losslessly as remote code (run where wedlm_hf cannot be imported).
-REMOTE = """
-    import json, sys
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    folder, request = sys.argv[1], json.loads(sys.argv[2])
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float64)
-    ids, mask = torch.tensor(request["ids"]), torch.tensor(request["mask"])
-    out = model.generate(ids, attention_mask=mask, strategy="wedlm", **request["settings"])
-    print("RESULT " + json.dumps(out.tolist()))
-    """
 
 
 def test_generation_config_turns_it_on_and_survives_save(tmp_path):
@@ -44,7 +30,7 @@ def test_remote_code_without_the_package(tmp_path):
     model.save_pretrained(tmp_path / "ckpt")
     ids, mask = prompts(2)
     request = {"ids": ids.tolist(), "mask": mask.tolist(), "settings": {**SETTINGS, "wedlm_lossless": True}}
-    remote = run_without_wedlm_hf(REMOTE, [str(tmp_path / "ckpt"), json.dumps(request)], tmp_path)
+    remote = run_without_wedlm_hf(REMOTE_GENERATE, [str(tmp_path / "ckpt"), json.dumps(request)], tmp_path)
     assert remote == model.generate(ids, attention_mask=mask, do_sample=False, **SETTINGS).tolist()
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import EOS_ID, MASK_ID, build_model, peaky, prompts, run_without_wedlm_hf, tiny_config
+from conftest import EOS_ID, MASK_ID, REMOTE_GENERATE, build_model, peaky, prompts, run_without_wedlm_hf, tiny_config
 from torch._dynamo.testing import CompileCounter
 from transformers import (
     CompileConfig,
@@ -226,18 +226,6 @@ def test_compile_config_and_disable_compile_are_honoured(model64, monkeypatch):
 
 
 EXTRAS = ({}, {"cache_implementation": "static"})
-REMOTE = """
-    import json, sys
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    folder, request = sys.argv[1], json.loads(sys.argv[2])
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float64)
-    ids, mask = torch.tensor(request["ids"]), torch.tensor(request["mask"])
-    out = model.generate(ids, attention_mask=mask, strategy="wedlm", **request["settings"])
-    print("RESULT " + json.dumps(out.tolist()))
-    """
 
 
 def test_remote_code_custom_generate_and_pipeline_decode_static(tmp_path, model64, char_tokenizer):
@@ -247,7 +235,8 @@ def test_remote_code_custom_generate_and_pipeline_decode_static(tmp_path, model6
 
     model64.save_pretrained(tmp_path / "ckpt")
     request = {"ids": ids.tolist(), "mask": mask.tolist(), "settings": {**settings, "cache_implementation": "static"}}
-    assert run_without_wedlm_hf(REMOTE, [str(tmp_path / "ckpt"), json.dumps(request)], tmp_path) == eager.tolist()
+    remote = run_without_wedlm_hf(REMOTE_GENERATE, [str(tmp_path / "ckpt"), json.dumps(request)], tmp_path)
+    assert remote == eager.tolist()
 
     folder = export_custom_generate(tmp_path / "wedlm-decoding")
     keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
