@@ -8,7 +8,7 @@ prompt plus generated text, however wide a step's feed. Nothing is dropped, move
 tensors have shapes that depend only on buckets, never on how many tokens a row committed:
 
 - slots: the fed batch is the first `bucket(highest occupied slot + 1)` slots (a power of two, at most `slots`);
-  a free or finished slot is fed padding that writes only past its length;
+  a free or finished slot is fed padding (written to its sink);
 - width: a decoding step feeds `bucket(widest row)` tokens per row (a power of two); a step that prefills a prompt
   feeds its width rounded up to a multiple of PREFILL_STEP and runs uncompiled, as transformers' prefill does;
 - logits: the columns asked for, padded to a power of two by repeating the last one;
@@ -40,7 +40,7 @@ def round_up(n: int, step: int) -> int:
 
 
 class SlotLayer:
-    """One layer's preallocated keys and values, (slots, kv heads, max_length, head dim)."""
+    """One layer's preallocated keys and values, (slots, kv heads, columns, head dim)."""
 
     is_compileable = True
     is_sliding = False

@@ -211,6 +211,9 @@ class StreamingDecoder:
     add(prompt, settings) -> row joins at the next step; step() -> the rows that committed or finished;
     finish(row, keep) ends a row early (a stopping criterion, a cancelled request).
 
+    `cache`: an empty DynamicCache to decode on (one is made when None), or a `SlotCache` for static shapes
+    (docs/algorithm.md section 3.j).
+
     `token_budget` bounds the token rows one forward feeds (batch x width, padding included): a joining prompt
     that would widen the forward past it is prefilled in chunks over several steps, its window joining with the
     last chunk. The budget is soft by at most one window per row: every step feeds every decoding row's window.
