@@ -46,7 +46,7 @@ def ids():
         ({"min_new_tokens": 3, "eos_token_id": 94}, "MinNewTokensLengthLogitsProcessor"),
         ({"use_cache": False}, "use_cache=False: WeDLM decoding is built on the KV cache"),
         ({"cache_implementation": "offloaded"}, "cache_implementation='offloaded'"),
-        ({"output_scores": True}, "output_scores=True"),
+        ({"output_attentions": True}, "does not accept output_attentions"),
         ({"max_new_tokens": 600}, r"exceeds the model's max_position_embeddings \(512\): lower max_new_tokens"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"foo": 1}, "does not accept foo: not supported by strategy='wedlm'"),

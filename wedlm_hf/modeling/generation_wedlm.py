@@ -132,7 +132,11 @@ def generate_wedlm(
         wedlm_context_ngram (int, 3): the longest suffix matched for context drafts, tried down to one token.
         mask_token_id (int): argument, then `config.mask_token_id`, then the generation config, then the
             tokenizer's mask token.
-    Returns a LongTensor (batch, T + new) or, with `return_dict_in_generate=True`, a `WeDLMGenerateOutput`.
+    Returns a LongTensor (batch, T + new) or, with `return_dict_in_generate=True`, a `WeDLMGenerateOutput`. With
+    `output_logits` / `output_scores` it holds, per generated position, the model's AR logits there given the
+    committed text (the rows WeDLM decoding computes anyway in lossless mode; only the committed run's rows, only
+    when asked) and those logits processed by the sampling warpers, shaped as AR `generate` shapes them (rows that
+    finished early hold zeros), so `model.compute_transition_scores` works unchanged.
     """
     _refuse(assistant_model is not None, "assistant_model", "assisted decoding is not part of WeDLM decoding; drop it")
     _refuse(prefix_allowed_tokens_fn is not None, "prefix_allowed_tokens_fn", "constrained decoding is unsupported")
@@ -220,6 +224,7 @@ def generate_wedlm(
         stop_ids=frozenset(stop_ids),
         context_drafts=context_drafts,
         context_ngram=context_ngram,
+        keep_logits=bool(config.return_dict_in_generate and (config.output_scores or config.output_logits)),
     )
     decode_cache = past_key_values
     if config.cache_implementation == "static" or isinstance(past_key_values, StaticCache):
@@ -252,11 +257,32 @@ def generate_wedlm(
     sequences = torch.cat([input_ids, generated.to(device)], dim=1)
     if not config.return_dict_in_generate:
         return sequences
+    raw = _ar_logits(rows, new, device) if settings.keep_logits else None
+    scores = None
+    if raw is not None and config.output_scores:
+        width = input_ids.shape[1]
+        scores = tuple(processors(sequences[:, : width + i], step.clone()) for i, step in enumerate(raw))
     return WeDLMGenerateOutput(
         sequences=sequences,
+        scores=scores,
+        logits=raw if config.output_logits else None,
         wedlm_stats=[row.stats for row in rows],
         **{_OUTPUT_CACHE_FIELD: _aligned_cache(rows, attention_mask, sequences.shape[1], past_key_values)},
     )
+
+
+def _ar_logits(rows, new: int, device) -> tuple[torch.Tensor, ...]:
+    """One (batch, vocab) float32 tensor per generated position, as AR `generate` returns its logits: each row's AR
+    logits at that position given its committed text (zeros past a row's end)."""
+    vocab = rows[0].logits[0].shape[-1]
+    out = []
+    for i in range(new):
+        step = torch.zeros((len(rows), vocab), dtype=torch.float32, device=device)
+        for row in rows:
+            if i < len(row.logits):
+                step[row.index] = row.logits[i]
+        out.append(step)
+    return tuple(out)
 
 
 def _slot_cache(model, config, given, rows: int, tokens: int) -> SlotCache:
@@ -377,7 +403,7 @@ def _validate_config(config, past_key_values) -> None:
         "a DynamicCache with cache_implementation='static'",
         "pass a StaticCache, or no cache",
     )
-    for option in ("output_scores", "output_logits", "output_attentions", "output_hidden_states", "token_healing"):
+    for option in ("output_attentions", "output_hidden_states", "token_healing"):
         _refuse(bool(getattr(config, option, None)), f"{option}=True", "it is not produced by WeDLM decoding; drop it")
     for option in ("penalty_alpha", "dola_layers", "prompt_lookup_num_tokens", "constraints", "force_words_ids"):
         _refuse(getattr(config, option, None) is not None, option, "that decoding mode is unsupported; drop it")

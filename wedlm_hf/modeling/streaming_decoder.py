@@ -79,6 +79,7 @@ class DecodingSettings:
     stop_ids: frozenset[int] = frozenset()
     context_drafts: bool = True  # lossless mode: also draft from the context (prompt lookup's rule)
     context_ngram: int = 3  # the longest suffix matched there, tried down to one token
+    keep_logits: bool = False  # record, for each committed token, the AR logits of its position (`row.logits`)
 
 
 @dataclass(eq=False)
@@ -112,6 +113,13 @@ class DecodingRow:
     model_window: "DraftWindow" = field(default_factory=lambda: DraftWindow(smallest=2, size=2))
     context_window: "DraftWindow" = field(default_factory=lambda: DraftWindow(smallest=1))
     context: ContextIndex | None = None  # lossless mode: where each committed token occurs
+    # keep_logits: per generated token, the model's AR logits at its position (given the committed text before it);
+    # `next_logits` are those of the slot after the committed text, `step_logits` this step's run rows' (row i:
+    # slot i + 1's), of which the commit takes one per token.
+    logits: list = field(default_factory=list)
+    next_logits: torch.Tensor | None = None
+    step_logits: torch.Tensor | None = None
+    _taken: int = 0
 
     @property
     def prefilled(self) -> bool:
@@ -193,6 +201,8 @@ class DecodingRow:
         kept = 0
         for slot in self.window[:count]:
             self.generated.append(slot.token)
+            if self.settings.keep_logits:
+                self._take_logits()
             kept += 1
             if slot.token in self.settings.stop_ids:
                 self.done, self.finish_reason = True, "stop"
@@ -203,6 +213,15 @@ class DecodingRow:
         self.window = self.window[kept:]
         self.stats.tokens += kept
         return kept
+
+    def _take_logits(self) -> None:
+        """The token just committed was predicted by `next_logits`; the next one by its own row's, if fed."""
+        if self.next_logits is None:
+            raise RuntimeError("A committed token has no AR logits: this is a bug in wedlm_hf.")
+        self.logits.append(self.next_logits)
+        rows = self.step_logits
+        self.next_logits = rows[self._taken] if rows is not None and self._taken < len(rows) else None
+        self._taken += 1
 
 
 class StreamingDecoder:
@@ -250,6 +269,7 @@ class StreamingDecoder:
         if keep is not None and keep < len(row.generated):
             row.stats.tokens -= len(row.generated) - keep
             del row.generated[keep:]
+            del row.logits[keep:]
         if row in self._joining:
             self._joining.remove(row)
         if not row.done:
@@ -319,7 +339,7 @@ class StreamingDecoder:
         n_masks = max(len(m) for _, m in feeds)
         ar_columns = {}
         for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
-            if row.settings.lossless and decode:
+            if (row.settings.lossless or row.settings.keep_logits) and decode:
                 ar_columns[b] = [start - 1] if start else list(range(run))
         wanted = set(range(width - n_masks, width)).union(*ar_columns.values())
         columns = sorted(wanted) or [width - 1]
@@ -333,7 +353,16 @@ class StreamingDecoder:
         )
         column = {c: j for j, c in enumerate(columns)}
 
-        predictions = _ar_predictions(rows, logits, {b: [column[c] for c in cs] for b, cs in ar_columns.items()})
+        ar_rows = {b: [column[c] for c in cs] for b, cs in ar_columns.items()}
+        predictions = _ar_predictions(rows, logits, {b: cs for b, cs in ar_rows.items() if rows[b].settings.lossless})
+        for b, cs in ar_rows.items():
+            row = rows[b]
+            if row.settings.keep_logits:
+                own = logits[b, cs]
+                if starts[b]:  # a joining row's last prompt token predicts slot 0
+                    row.next_logits, row.step_logits = own[0], None
+                else:
+                    row.step_logits, row._taken = own, 0
         kept = []
         for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
             if not decode:
