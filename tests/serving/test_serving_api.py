@@ -330,7 +330,7 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "x", "wedlm_pos_penalty_factor": "a"}, "wedlm_pos_penalty_factor"),
     ("completions", {"prompt": "x", "wedlm_lossless": "yes"}, "wedlm_lossless"),
     ("completions", {"prompt": "x", "wedlm_window": 4}, "wedlm_window"),
-    ("completions", {"prompt": "x", "logprobs": 2}, "logprobs"),
+    ("completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
     ("completions", {"prompt": "x", "echo": True}, "echo"),
     ("completions", {"prompt": "x", "temperature": 3}, "temperature"),
     ("completions", {"prompt": "x", "top_p": 0}, "top_p"),
@@ -343,7 +343,7 @@ BAD_REQUESTS = [
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ("chat/completions", {"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2000}, "max_tokens"),
     # hostile sizes and text (issue 14): each a 400 naming the field, never a 500

@@ -81,8 +81,8 @@ def test_default_values_of_unsupported_features_are_accepted():
 @pytest.mark.parametrize(
     "body, param",
     [
-        ({"logprobs": 0}, "logprobs"),  # 0 asks for the chosen token's log probability
-        ({"logprobs": 1}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),  # at most 20 top log-probabilities
+        ({"logprobs": True}, "logprobs"),  # an integer on /v1/completions
         ({"echo": True}, "echo"),
         ({"best_of": 4}, "best_of"),
         ({"suffix": "end"}, "suffix"),

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .access import LOOPBACK_NAMES, AccessGuard
 from .engine import ServingEngine
 from .openai_schema import APIError, error_body, invalid, parse_chat, parse_completion
-from .responses import ResponseIds, chunk, full_body, sse, usage, usage_chunk
+from .responses import ResponseIds, chunk, full_body, sse, token_logprobs, usage, usage_chunk
 from .scheduler import Delta, Failure, Finish, Job, QueueFull, ShuttingDown
 
 HERE = Path(__file__).resolve().parent
@@ -122,7 +122,7 @@ async def _respond(engine: ServingEngine, request: Request, parse):
     except ShuttingDown:
         raise APIError(503, "The server is shutting down.", code="shutting_down") from None
     ids = ResponseIds(parsed.kind, engine.model_id)
-    tally = _Tally(prompts, parsed.n)
+    tally = _Tally(prompts, parsed.n, engine.tokenizer, parsed.kind, parsed.logprobs is not None)
     if parsed.stream:
         stream = _stream(engine, job, events, ids, tally, parsed.include_usage)
         return StreamingResponse(stream, media_type="text/event-stream", headers=_STREAM_HEADERS)
@@ -171,8 +171,11 @@ def _no_constant(name: str):
 class _Tally:
     """Per-choice text and finish reasons, and the request's usage."""
 
-    def __init__(self, prompts: list[list[int]], n: int):
+    def __init__(self, prompts: list[list[int]], n: int, tokenizer=None, kind: str = "completion", logprobs=False):
         self.count = len(prompts) * n
+        self.tokenizer, self.kind, self.logprobs = tokenizer, kind, logprobs
+        self.entries = [[] for _ in range(self.count)]  # (token, log-probability, alternatives) per choice
+        self.offsets = [0] * self.count  # streamed completions: text offset of each choice's next token
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.texts = [[] for _ in range(self.count)]
         self.finish: dict[int, str] = {}
@@ -187,6 +190,8 @@ class _Tally:
     def add(self, event) -> None:
         if isinstance(event, Delta):
             self.texts[event.choice].append(event.text)
+            if event.logprobs:
+                self.entries[event.choice] += event.logprobs
         elif isinstance(event, Finish):
             self.finish[event.choice] = event.reason
             self.completion_tokens += event.completion_tokens
@@ -200,9 +205,24 @@ class _Tally:
     def usage(self) -> dict:
         return usage(self.prompt_tokens, self.completion_tokens, self.forwards, self.accepted_drafts)
 
+    def delta_logprobs(self, event: Delta) -> dict | None:
+        """The `logprobs` of one stream chunk: its tokens', text offsets counted from the choice's earlier tokens."""
+        if not self.logprobs:
+            return None
+        body = token_logprobs(self.kind, event.logprobs or [], self.tokenizer, self.offsets[event.choice])
+        if self.kind != "chat":
+            self.offsets[event.choice] += sum(len(piece) for piece in body["tokens"])
+        return body
+
     def choices(self) -> list[dict]:
         return [
-            {"index": i, "text": "".join(self.texts[i]), "finish_reason": self.finish[i]} for i in range(self.count)
+            {
+                "index": i,
+                "text": "".join(self.texts[i]),
+                "finish_reason": self.finish[i],
+                "logprobs": token_logprobs(self.kind, self.entries[i], self.tokenizer) if self.logprobs else None,
+            }
+            for i in range(self.count)
         ]
 
 
@@ -222,7 +242,7 @@ async def _stream(
             tally.add(event)
             if isinstance(event, Delta):
                 forward = {"forward": event.forward, "tokens": event.tokens}
-                yield sse(chunk(ids, event.choice, event.text, wedlm=forward))
+                yield sse(chunk(ids, event.choice, event.text, wedlm=forward, logprobs=tally.delta_logprobs(event)))
             elif isinstance(event, Finish):
                 yield sse(chunk(ids, event.choice, finish_reason=event.reason))
         if usage_:

@@ -216,8 +216,10 @@ class ServingEngine:
                     stop_ids=self.stop_ids,
                     context_drafts=request.wedlm.context_drafts,
                     context_ngram=request.wedlm.context_ngram,
+                    keep_logits=request.logprobs is not None,
                 )
-                choices.append(Choice(index, prompt, settings, IncrementalText(self.tokenizer, request.stop)))
+                text = IncrementalText(self.tokenizer, request.stop)
+                choices.append(Choice(index, prompt, settings, text, logprobs=request.logprobs))
         return choices
 
     def _sampler(self, request: ParsedRequest, index: int) -> FillSampler:

@@ -78,6 +78,7 @@ class ParsedRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    logprobs: int | None = None  # None: none asked for; k: each token's log-probability and the k most likely
     wedlm: WeDLMOptions | None = None
 
 
@@ -93,6 +94,7 @@ WEDLM_FIELDS = (
 # n tokens: its cost grows as n squared on the server's decoding thread, and longer suffixes rarely match anyway.
 MAX_CONTEXT_NGRAM = 8
 MAX_N = 128  # OpenAI's bound; the server's --max-request-rows bounds prompts x n further
+MAX_LOGPROBS = 20  # top log-probabilities per token, as vLLM and OpenAI's chat route allow
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 
@@ -103,8 +105,6 @@ _OFF_VALUES = {
     "logit_bias": (None, {}),
     "echo": (False, None),
     "suffix": (None, ""),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
@@ -142,6 +142,10 @@ def parse_completion(body, model_id: str, defaults: WeDLMOptions, max_window: in
     request = ParsedRequest(kind="completion")
     request.prompts = _prompts(body.get("prompt"))
     request.max_tokens = _positive_int(body, "max_tokens")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
+        raise invalid("logprobs", f"logprobs must be an integer from 0 to {MAX_LOGPROBS} (top tokens per position).")
+    request.logprobs = logprobs
     _common(body, request, model_id, defaults, max_window)
     return request
 
@@ -157,6 +161,14 @@ def parse_chat(body, model_id: str, defaults: WeDLMOptions, max_window: int | No
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise invalid("max_completion_tokens", "Give max_completion_tokens or max_tokens, not two different values.")
     request.max_tokens = max_completion if max_completion is not None else max_tokens
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise invalid("logprobs", f"logprobs must be true or false, got {logprobs!r}.")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_LOGPROBS):
+        raise invalid("top_logprobs", f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}.")
+    if top is not None and not logprobs:
+        raise invalid("top_logprobs", "top_logprobs needs logprobs: true.")
+    request.logprobs = (top or 0) if logprobs else None
     _common(body, request, model_id, defaults, max_window)
     return request
 
@@ -177,8 +189,7 @@ def _known_fields(body: dict, allowed: set[str]) -> None:
         elif name not in allowed:
             raise invalid(name, f"Unrecognized request argument supplied: {name}.", "unknown_field")
         elif name in _OFF_VALUES and not any(_same(body[name], off) for off in _OFF_VALUES[name]):
-            what = "log probabilities are" if "logprobs" in name else f"{name} is"
-            raise invalid(name, f"{what} not supported by this server; leave {name} out.", "unsupported_parameter")
+            raise invalid(name, f"{name} is not supported by this server; leave {name} out.", "unsupported_parameter")
 
 
 def _common(body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMOptions, max_window: int | None) -> None:

@@ -5,6 +5,10 @@ Each stream chunk carries one decoder commit of one choice; its choice has an ex
 adds `forwards` (decoding forwards summed over the request's rows) and `tokens_per_forward`
 (= completion_tokens / forwards) and, when rows decoded losslessly, `accepted_drafts`: `{"model", "context"}`, the
 drafts verification accepted summed over those rows, by where they came from (the model's fills, or the context).
+
+`logprobs` are the model's own AR log-probabilities: the log-softmax of its logits at each position given the text
+before it, over the vocabulary without the mask token (the distribution before temperature or top-p, as vLLM reports
+by default); `generate(output_logits=True)` returns the same logits.
 """
 
 import json
@@ -39,21 +43,51 @@ def usage(prompt_tokens: int, completion_tokens: int, forwards: int, accepted_dr
     return body
 
 
+def token_logprobs(kind: str, entries: list, tokenizer, offset: int = 0) -> dict:
+    """A choice's `logprobs` object for (token, log-probability, alternatives) entries (see the module docstring).
+    Completions: OpenAI's `tokens`, `token_logprobs`, `top_logprobs` (the alternatives plus the chosen token) and
+    `text_offset` (from `offset`, each token's text counted as it decodes alone); chat: `content` entries with
+    `bytes` and exactly the k alternatives."""
+
+    def text(token: int) -> str:
+        return tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    if kind == "chat":
+
+        def entry(token, logprob):
+            piece = text(token)
+            return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+
+        content = [entry(t, lp) | {"top_logprobs": [entry(a, v) for a, v in alts]} for t, lp, alts in entries]
+        return {"content": content}
+    tokens, offsets, tops = [], [], []
+    for token, logprob, alternatives in entries:
+        piece = text(token)
+        tokens.append(piece)
+        offsets.append(offset)
+        offset += len(piece)
+        top = {text(a): v for a, v in alternatives}
+        top.setdefault(piece, logprob)
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": [e[1] for e in entries], "top_logprobs": tops, "text_offset": offsets}
+
+
 def full_body(ids: ResponseIds, choices: list[dict], usage_: dict) -> dict:
-    """`choices`: [{"index", "text", "finish_reason"}] in index order."""
+    """`choices`: [{"index", "text", "finish_reason", "logprobs"}] in index order."""
     if ids.kind == "chat":
         out = [
             {
                 "index": c["index"],
                 "message": {"role": "assistant", "content": c["text"]},
                 "finish_reason": c["finish_reason"],
-                "logprobs": None,
+                "logprobs": c.get("logprobs"),
             }
             for c in choices
         ]
         return {**ids.head("chat.completion"), "choices": out, "usage": usage_}
     out = [
-        {"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None} for c in choices
+        {"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": c.get("logprobs")}
+        for c in choices
     ]
     return {**ids.head("text_completion"), "choices": out, "usage": usage_}
 
@@ -65,14 +99,16 @@ def chunk(
     finish_reason: str | None = None,
     wedlm: dict | None = None,
     role: bool = False,
+    logprobs: dict | None = None,
 ) -> dict:
-    """One choice's piece of a stream: new text, or (with `finish_reason`) its end; `role` opens a chat choice."""
+    """One choice's piece of a stream: new text (with its tokens' `logprobs` when asked), or (with
+    `finish_reason`) its end; `role` opens a chat choice."""
     if ids.kind == "chat":
         delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
-        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "text_completion"
     if wedlm is not None:
         choice["wedlm"] = wedlm

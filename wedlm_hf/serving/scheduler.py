@@ -33,12 +33,14 @@ from .limits import ServingLimits
 
 @dataclass
 class Delta:
-    """New text of one choice, committed by that row's `forward`-th forward (`tokens` tokens)."""
+    """New text of one choice, committed by that row's `forward`-th forward (`tokens` tokens). `logprobs` (when the
+    request asked): per new token (token id, log-probability, [(id, log-probability)] of the k most likely)."""
 
     choice: int
     text: str
     forward: int
     tokens: int
+    logprobs: list | None = None
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Choice:
     row: DecodingRow | None = None
     sent: int = 0  # committed tokens already turned into events
     finished: bool = False
+    logprobs: int | None = None  # None: no log-probabilities; k: each token's and its k most likely alternatives
 
 
 @dataclass(eq=False)
@@ -316,17 +319,38 @@ class Scheduler:
                         job, 500, f"The request failed while its tokens were delivered ({type(exc).__name__}: {exc})."
                     )
 
+    def _logprobs(self, row: DecodingRow, start: int, top: int) -> list:
+        """(token, log-probability, top alternatives) of the row's tokens from `start` on, from the model's AR
+        logits at each position: a log-softmax over the vocabulary without the mask token. The logits are dropped
+        once delivered."""
+        raw = row.logits[start:]
+        if not raw:
+            return []
+        row.logits[start:] = [None] * len(raw)
+        scores = torch.stack(raw).float()
+        scores[:, self.mask_token_id] = float("-inf")
+        logprobs = torch.log_softmax(scores, dim=-1)
+        tokens = row.generated[start : start + len(raw)]
+        chosen = logprobs[torch.arange(len(raw)), torch.tensor(tokens, device=logprobs.device)].tolist()
+        if top:
+            values, indices = logprobs.topk(top, dim=-1)
+            alternatives = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+        else:
+            alternatives = [[] for _ in raw]
+        return list(zip(tokens, chosen, alternatives))
+
     def _deliver(self, job: Job, choice: Choice) -> None:
         row = choice.row
         text = choice.text.add(row.generated[choice.sent :])
         if choice.text.stopped and len(row.generated) >= choice.text.stop_tokens:
             self.decoder.finish(row, keep=choice.text.stop_tokens, reason="stop")
         new_tokens = len(row.generated) - choice.sent
+        logprobs = None if choice.logprobs is None else self._logprobs(row, choice.sent, choice.logprobs)
         choice.sent = len(row.generated)
         if row.done:
             text += choice.text.flush()
         if new_tokens or text:
-            job.emit(Delta(choice.index, text, row.stats.forwards, new_tokens))
+            job.emit(Delta(choice.index, text, row.stats.forwards, new_tokens, logprobs))
         if row.done:
             self._live.pop(row, None)
             job.live -= 1
