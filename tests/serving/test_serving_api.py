@@ -331,7 +331,7 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "x", "wedlm_lossless": "yes"}, "wedlm_lossless"),
     ("completions", {"prompt": "x", "wedlm_window": 4}, "wedlm_window"),
     ("completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
-    ("completions", {"prompt": "x", "echo": True}, "echo"),
+    ("completions", {"prompt": "x", "echo": "yes"}, "echo"),
     ("completions", {"prompt": "x", "temperature": 3}, "temperature"),
     ("completions", {"prompt": "x", "top_p": 0}, "top_p"),
     ("completions", {"prompt": "x", "n": 0}, "n"),

@@ -98,3 +98,63 @@ def test_no_logprobs_unless_asked(client):
     assert response.choices[0].logprobs is None
     chat = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=4, logprobs=False)
     assert chat.choices[0].logprobs is None
+
+
+def prompt_logprobs(ids: list[int]) -> list[float]:
+    """Each prompt token's log-probability given the tokens before it, from one forward (mask token excluded)."""
+    model, _ = shipped()
+    with torch.no_grad():
+        scores = model(torch.tensor([ids])).logits[0, :-1].float()
+    scores[:, model.config.mask_token_id] = float("-inf")
+    return torch.log_softmax(scores, dim=-1)[torch.arange(len(ids) - 1), ids[1:]].tolist()
+
+
+def test_echo_scores_the_prompt(client):
+    _, tokenizer = shipped()
+    ids = tokenizer(PROMPT).input_ids
+    scored = client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=0, echo=True, logprobs=2)
+    choice = scored.choices[0]
+    assert choice.text == PROMPT and choice.finish_reason == "length" and scored.usage.completion_tokens == 0
+    assert choice.logprobs.tokens == [piece(t) for t in ids]
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(prompt_logprobs(ids), abs=1e-5)
+    assert all(len(top) >= 2 for top in choice.logprobs.top_logprobs[1:])
+    plain = client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=0, echo=True)
+    assert plain.choices[0].text == PROMPT and plain.choices[0].logprobs is None
+
+
+def test_echo_as_lm_eval_sends_it(client):
+    """lm-eval's local-completions loglikelihood request: token ids, echo, max_tokens 1, logprobs 1, greedy; it
+    reads the prompt's part of token_logprobs and compares each with the top of top_logprobs."""
+    _, tokenizer = shipped()
+    context, continuation = tokenizer("count from 7 by 1, 3 numbers:").input_ids, tokenizer(" 7 8 9").input_ids
+    ids = context + continuation
+    body = dict(model=MODEL_ID, prompt=[ids], max_tokens=1, echo=True, logprobs=1, temperature=0, seed=1234)
+    choice = client.completions.create(**body).choices[0]
+    logprobs = choice.logprobs
+    assert len(logprobs.token_logprobs) == len(ids) + 1
+    assert logprobs.token_logprobs[1 : len(ids)] == pytest.approx(prompt_logprobs(ids), abs=1e-5)
+    part = logprobs.token_logprobs[len(context) : -1]
+    tops = logprobs.top_logprobs[len(context) : -1]
+    assert all(lp == pytest.approx(max(top.values())) for lp, top in zip(part, tops))  # the model counts on
+
+
+def test_streamed_echo_then_completion(client):
+    options = dict(model=MODEL_ID, prompt=PROMPT, max_tokens=6, echo=True, logprobs=1)
+    whole = client.completions.create(**options).choices[0]
+    texts, tokens, offsets = [], [], []
+    for chunk in client.completions.create(stream=True, **options):
+        if chunk.choices:
+            texts.append(chunk.choices[0].text)
+            if chunk.choices[0].logprobs:
+                tokens += chunk.choices[0].logprobs.tokens
+                offsets += chunk.choices[0].logprobs.text_offset
+    assert texts[0] == PROMPT and "".join(texts) == whole.text and whole.text.startswith(PROMPT)
+    assert tokens == whole.logprobs.tokens and offsets == whole.logprobs.text_offset
+
+
+def test_max_tokens_0_needs_echo(server):
+    import httpx
+
+    response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=30)
+    assert response.status_code == 400 and "0 only with echo" in response.json()["error"]["message"]

@@ -83,7 +83,7 @@ def test_default_values_of_unsupported_features_are_accepted():
     [
         ({"logprobs": 21}, "logprobs"),  # at most 20 top log-probabilities
         ({"logprobs": True}, "logprobs"),  # an integer on /v1/completions
-        ({"echo": True}, "echo"),
+        ({"echo": 1}, "echo"),  # true or false
         ({"best_of": 4}, "best_of"),
         ({"suffix": "end"}, "suffix"),
         ({"logit_bias": {"5": 10}}, "logit_bias"),

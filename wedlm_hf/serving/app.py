@@ -41,6 +41,7 @@ def create_app(engine: ServingEngine, allowed_hosts: list[str] | None = None, ap
     # No /docs: FastAPI's docs page loads its scripts from a CDN, and the server promises to need none.
     app = FastAPI(title="wedlm-hf serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
+    app.state.scoring = asyncio.Semaphore(1)  # echo: one prompt-scoring forward at a time, beside the decoding loop
     app.add_middleware(AccessGuard, allowed_hosts=list(allowed_hosts or LOOPBACK_NAMES), api_key=api_key)
 
     @app.exception_handler(APIError)
@@ -106,6 +107,21 @@ def _model_card(engine: ServingEngine) -> dict:
 async def _respond(engine: ServingEngine, request: Request, parse):
     raw = await _read_body(request, engine.limits.max_request_bytes)
     parsed, prompts, choices = await asyncio.to_thread(_prepare, engine, parse, raw)
+    echoes = None
+    if parsed.echo:
+        async with request.app.state.scoring:
+            echoes = await asyncio.to_thread(_echoes, engine, parsed, prompts)
+    ids = ResponseIds(parsed.kind, engine.model_id)
+    tally = _Tally(prompts, parsed.n, engine.tokenizer, parsed.kind, parsed.logprobs is not None, echoes)
+    if not choices:  # echo with max_tokens 0: the scored prompts are the whole answer
+        tally.finish = dict.fromkeys(range(tally.count), "length")
+        if parsed.stream:
+            return StreamingResponse(
+                _stream_scored(ids, tally, parsed.include_usage),
+                media_type="text/event-stream",
+                headers=_STREAM_HEADERS,
+            )
+        return JSONResponse(full_body(ids, tally.choices(), tally.usage()))
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     job = Job(choices, emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
@@ -121,8 +137,6 @@ async def _respond(engine: ServingEngine, request: Request, parse):
         ) from None
     except ShuttingDown:
         raise APIError(503, "The server is shutting down.", code="shutting_down") from None
-    ids = ResponseIds(parsed.kind, engine.model_id)
-    tally = _Tally(prompts, parsed.n, engine.tokenizer, parsed.kind, parsed.logprobs is not None)
     if parsed.stream:
         stream = _stream(engine, job, events, ids, tally, parsed.include_usage)
         return StreamingResponse(stream, media_type="text/event-stream", headers=_STREAM_HEADERS)
@@ -155,6 +169,17 @@ def _prepare(engine: ServingEngine, parse, raw: bytes):
     return parsed, prompts, engine.choices(parsed, prompts)
 
 
+def _echoes(engine: ServingEngine, parsed, prompts: list[list[int]]) -> list[tuple[str, list]]:
+    """Per prompt: its text as the client sent it (token ids decoded) and its tokens' (token, log-probability,
+    alternatives), the first without any. Runs in a worker thread."""
+    top = parsed.logprobs or 0
+    out = []
+    for given, ids in zip(parsed.prompts, prompts):
+        text = given if isinstance(given, str) else engine.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+        out.append((text, engine.score_prompt(ids, top) if parsed.logprobs is not None else []))
+    return out
+
+
 def _json_body(raw: bytes):
     try:
         return json.loads(raw, parse_constant=_no_constant)
@@ -171,13 +196,17 @@ def _no_constant(name: str):
 class _Tally:
     """Per-choice text and finish reasons, and the request's usage."""
 
-    def __init__(self, prompts: list[list[int]], n: int, tokenizer=None, kind: str = "completion", logprobs=False):
+    def __init__(self, prompts, n: int, tokenizer=None, kind: str = "completion", logprobs=False, echoes=None):
         self.count = len(prompts) * n
         self.tokenizer, self.kind, self.logprobs = tokenizer, kind, logprobs
         self.entries = [[] for _ in range(self.count)]  # (token, log-probability, alternatives) per choice
         self.offsets = [0] * self.count  # streamed completions: text offset of each choice's next token
+        # echo: each choice starts with its prompt's text and scored tokens (`echo_chunk` streams them)
+        self.echoes = [echoes[i // n] for i in range(self.count)] if echoes else None
         self.prompt_tokens = sum(len(p) for p in prompts)
-        self.texts = [[] for _ in range(self.count)]
+        self.texts = [[echo[0]] if echo else [] for echo in (self.echoes or [None] * self.count)]
+        if self.echoes:
+            self.entries = [list(echo[1]) for echo in self.echoes]
         self.finish: dict[int, str] = {}
         self.completion_tokens = 0
         self.forwards = 0
@@ -204,6 +233,14 @@ class _Tally:
 
     def usage(self) -> dict:
         return usage(self.prompt_tokens, self.completion_tokens, self.forwards, self.accepted_drafts)
+
+    def echo_chunk(self, ids: ResponseIds, index: int) -> dict:
+        """A stream's first chunk of an echoed choice: the prompt's text and, when asked, its tokens' logprobs."""
+        text, entries = self.echoes[index]
+        body = token_logprobs(self.kind, entries, self.tokenizer) if self.logprobs else None
+        if body is not None:
+            self.offsets[index] = sum(len(piece) for piece in body["tokens"])
+        return chunk(ids, index, text, logprobs=body)
 
     def delta_logprobs(self, event: Delta) -> dict | None:
         """The `logprobs` of one stream chunk: its tokens', text offsets counted from the choice's earlier tokens."""
@@ -233,6 +270,8 @@ async def _stream(
         if ids.kind == "chat":
             for index in range(tally.count):
                 yield sse(chunk(ids, index, role=True))
+        for index in range(tally.count if tally.echoes else 0):
+            yield sse(tally.echo_chunk(ids, index))
         while not tally.done:
             event = await events.get()
             if isinstance(event, Failure):
@@ -250,6 +289,16 @@ async def _stream(
         yield sse("[DONE]")
     finally:  # also when the client went away (Starlette cancels this generator)
         engine.scheduler.cancel(job)
+
+
+async def _stream_scored(ids: ResponseIds, tally: _Tally, usage_: bool):
+    """The stream of an echo request with max_tokens 0: each choice's prompt, then its end."""
+    for index in range(tally.count):
+        yield sse(tally.echo_chunk(ids, index))
+        yield sse(chunk(ids, index, finish_reason="length"))
+    if usage_:
+        yield sse(usage_chunk(ids, tally.usage()))
+    yield sse("[DONE]")
 
 
 async def _collect(engine: ServingEngine, request: Request, job: Job, events: asyncio.Queue, ids, tally: _Tally):

@@ -173,6 +173,29 @@ class ServingEngine:
                 code="context_length_exceeded",
             )
 
+    @torch.no_grad()
+    def score_prompt(self, prompt: list[int], top: int, rows_per_chunk: int = 256) -> list:
+        """(token, log-probability, top alternatives) of each prompt token given the tokens before it (the first
+        has none: None, None), from one uncached forward; the vocabulary-wide logits exist for `rows_per_chunk`
+        positions at a time. Log-probabilities as in `responses`: raw log-softmax without the mask token."""
+        ids = torch.tensor([prompt], device=self.model.device)
+        hidden = self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]
+        head = self.model.get_output_embeddings()
+        entries = [(prompt[0], None, None)]
+        for start in range(0, len(hidden), rows_per_chunk):
+            scores = head(hidden[start : start + rows_per_chunk]).float()
+            scores[:, self.scheduler.mask_token_id] = float("-inf")
+            logprobs = torch.log_softmax(scores, dim=-1)
+            tokens = prompt[start + 1 : start + 1 + len(scores)]
+            chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens, device=logprobs.device)].tolist()
+            if top:
+                values, indices = logprobs.topk(top, dim=-1)
+                alternatives = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+            else:
+                alternatives = [[] for _ in tokens]
+            entries += list(zip(tokens, chosen, alternatives))
+        return entries
+
     def max_tokens(self, request: ParsedRequest, prompts: list[list[int]]) -> int:
         """The request's max_tokens, checked against the context (prompt + max_tokens <= max_position_embeddings)."""
         longest = max(len(p) for p in prompts)
@@ -184,6 +207,8 @@ class ServingEngine:
                 "shorten the prompt.",
                 code="context_length_exceeded",
             )
+        if request.max_tokens == 0:  # echo: score the prompt only
+            return 0
         if request.max_tokens is None:
             if room is None:
                 return COMPLETION_DEFAULT_MAX_TOKENS
@@ -202,6 +227,8 @@ class ServingEngine:
     def choices(self, request: ParsedRequest, prompts: list[list[int]]) -> list[Choice]:
         """One choice per (prompt, n) in OpenAI's order: index = prompt_index * n + j."""
         max_tokens = self.max_tokens(request, prompts)
+        if max_tokens == 0:
+            return []  # nothing to decode: the response is the scored prompt
         choices = []
         for p, prompt in enumerate(prompts):
             for j in range(request.n):

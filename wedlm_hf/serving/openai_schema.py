@@ -79,6 +79,7 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: int | None = None  # None: none asked for; k: each token's log-probability and the k most likely
+    echo: bool = False  # completions: the prompt (and its tokens' log-probabilities) before the completion
     wedlm: WeDLMOptions | None = None
 
 
@@ -103,7 +104,6 @@ _OFF_VALUES = {
     "presence_penalty": (0, 0.0, None),
     "frequency_penalty": (0, 0.0, None),
     "logit_bias": (None, {}),
-    "echo": (False, None),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -141,7 +141,16 @@ def parse_completion(body, model_id: str, defaults: WeDLMOptions, max_window: in
     _known_fields(body, _COMPLETION_FIELDS)
     request = ParsedRequest(kind="completion")
     request.prompts = _prompts(body.get("prompt"))
-    request.max_tokens = _positive_int(body, "max_tokens")
+    echo = body.get("echo", False)
+    if echo is None:
+        echo = False
+    if not isinstance(echo, bool):
+        raise invalid("echo", f"echo must be true or false, got {echo!r}.")
+    request.echo = echo
+    if echo and body.get("max_tokens") == 0:
+        request.max_tokens = 0  # scoring the prompt only
+    else:
+        request.max_tokens = _positive_int(body, "max_tokens", hint=" (0 only with echo: true, to score the prompt)")
     logprobs = body.get("logprobs")
     if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
         raise invalid("logprobs", f"logprobs must be an integer from 0 to {MAX_LOGPROBS} (top tokens per position).")
@@ -356,12 +365,12 @@ def _text(value: str, param: str) -> str:
     return value
 
 
-def _positive_int(body: dict, name: str) -> int | None:
+def _positive_int(body: dict, name: str, hint: str = "") -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if not _is_int(value) or value < 1:
-        raise invalid(name, f"{name} must be an integer >= 1, got {value!r}.")
+        raise invalid(name, f"{name} must be an integer >= 1{hint}, got {value!r}.")
     return value
 
 

@@ -52,7 +52,7 @@ def token_logprobs(kind: str, entries: list, tokenizer, offset: int = 0) -> dict
     def text(token: int) -> str:
         return tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    if kind == "chat":
+    if kind == "chat":  # (echo, whose first token has no log-probability, is completions-only)
 
         def entry(token, logprob):
             piece = text(token)
@@ -66,6 +66,9 @@ def token_logprobs(kind: str, entries: list, tokenizer, offset: int = 0) -> dict
         tokens.append(piece)
         offsets.append(offset)
         offset += len(piece)
+        if logprob is None:  # an echoed prompt's first token: nothing predicts it
+            tops.append(None)
+            continue
         top = {text(a): v for a, v in alternatives}
         top.setdefault(piece, logprob)
         tops.append(top)
