@@ -444,6 +444,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode on --max-batch-size fixed slots with a torch.compile'd step (CUDA graphs on a GPU); the same "
         "answers, and the first requests wait for compilation",
     )
+    srv.add_argument(
+        "--prefix-cache-tokens",
+        type=non_negative_int,
+        default=16384,
+        help="tokens of prompts and answers whose K/V are kept across requests (blocks of 16, least recently used "
+        "dropped first); a prompt that starts like an earlier one prefills only the rest; 0: off",
+    )
     srv.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     srv.add_argument(
         "--shutdown-timeout", type=non_negative_float, default=10.0, help="seconds running requests get at exit"

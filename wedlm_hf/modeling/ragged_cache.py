@@ -70,6 +70,18 @@ class RaggedCache:
                 layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((count, *layer.keys.shape[1:]))])
                 layer.values = torch.cat([layer.values, layer.values.new_zeros((count, *layer.values.shape[1:]))])
 
+    def load_prefix(self, row: int, kv: list) -> None:
+        """Appends columns that hold, for `row` only, the given per-layer (heads, n, head_dim) K/V."""
+        n = kv[0][0].shape[1]
+        for layer_idx, (keys, values) in enumerate(kv):
+            new_keys = keys.new_zeros((self.valid.shape[0], *keys.shape))
+            new_values = values.new_zeros((self.valid.shape[0], *values.shape))
+            new_keys[row], new_values[row] = keys, values
+            self.cache.update(new_keys, new_values, layer_idx)
+        fresh = self.valid.new_zeros((self.valid.shape[0], n))
+        fresh[row] = True
+        self.valid = torch.cat([self.valid, fresh], dim=1)
+
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -120,6 +120,7 @@ class DecodingRow:
     next_logits: torch.Tensor | None = None
     step_logits: torch.Tensor | None = None
     _taken: int = 0
+    prefix: list | None = None  # K/V of the prompt's first tokens from elsewhere (a prefix cache), loaded on joining
 
     @property
     def prefilled(self) -> bool:
@@ -252,10 +253,16 @@ class StreamingDecoder:
         self._joining: list[DecodingRow] = []
         self._count = 0
 
-    def add(self, prompt: list[int], settings: DecodingSettings) -> DecodingRow:
+    def add(self, prompt: list[int], settings: DecodingSettings, prefix: list | None = None) -> DecodingRow:
+        """A row that joins at the next step. `prefix`: per layer, (heads, n, head_dim) K/V of the prompt's first n
+        tokens (n < len(prompt), computed by this model at positions 0..n-1), which the row then does not feed."""
         if not prompt:
             raise ValueError("Every prompt needs at least one token.")
-        row = DecodingRow(index=self._count, prompt=list(prompt), settings=settings)
+        cached = prefix[0][0].shape[1] if prefix else 0
+        if cached >= len(prompt):
+            raise ValueError("A cached prefix must leave at least the prompt's last token to feed.")
+        row = DecodingRow(index=self._count, prompt=list(prompt), settings=settings, prefix=prefix or None)
+        row.prompt_fed = cached
         self._count += 1
         self._joining.append(row)
         return row
@@ -296,6 +303,10 @@ class StreamingDecoder:
         if joining:
             self.kv.add_rows(len(joining))
             self.active += joining
+            for b, row in enumerate(self.active):
+                if row.prefix is not None:
+                    self.kv.load_prefix(b, row.prefix)
+                    row.prefix = None
         rows = self.active
         if not rows:
             return []

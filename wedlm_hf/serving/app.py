@@ -211,6 +211,7 @@ class _Tally:
         self.completion_tokens = 0
         self.forwards = 0
         self.accepted_drafts: dict | None = None  # {"model", "context"} once a lossless row finished
+        self.cached_tokens = 0
 
     @property
     def done(self) -> bool:
@@ -225,6 +226,7 @@ class _Tally:
             self.finish[event.choice] = event.reason
             self.completion_tokens += event.completion_tokens
             self.forwards += event.forwards
+            self.cached_tokens += event.cached_tokens
             if event.accepted_drafts is not None:
                 split = self.accepted_drafts or {"model": 0, "context": 0}
                 split["model"] += event.accepted_drafts - event.accepted_context_drafts
@@ -232,7 +234,9 @@ class _Tally:
                 self.accepted_drafts = split
 
     def usage(self) -> dict:
-        return usage(self.prompt_tokens, self.completion_tokens, self.forwards, self.accepted_drafts)
+        return usage(
+            self.prompt_tokens, self.completion_tokens, self.forwards, self.accepted_drafts, self.cached_tokens
+        )
 
     def echo_chunk(self, ids: ResponseIds, index: int) -> dict:
         """A stream's first chunk of an echoed choice: the prompt's text and, when asked, its tokens' logprobs."""

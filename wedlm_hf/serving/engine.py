@@ -32,7 +32,7 @@ from ..modeling.window_filling import FillSampler
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
 from .openai_schema import WEDLM_FIELDS, APIError, ParsedRequest, WeDLMOptions, invalid, wedlm_options
-from .scheduler import Choice, Scheduler, serving_limits
+from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, Choice, Scheduler, serving_limits
 
 DEFAULT_MODEL_ID = "wedlm-hf-default"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
@@ -50,6 +50,7 @@ class ServingEngine:
         model_id: str,
         limits: ServingLimits | None = None,
         compile_config=None,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
         **kwargs,
     ):
         self.limits = serving_limits(limits, **kwargs)
@@ -85,7 +86,13 @@ class ServingEngine:
             generation.top_p,
             generation.top_k,
         )
-        self.scheduler = Scheduler(model, int(mask_token_id), self.limits, compile_config=compile_config)
+        self.scheduler = Scheduler(
+            model,
+            int(mask_token_id),
+            self.limits,
+            compile_config=compile_config,
+            prefix_cache_tokens=prefix_cache_tokens,
+        )
 
     @classmethod
     def load(

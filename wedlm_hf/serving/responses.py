@@ -29,12 +29,16 @@ class ResponseIds:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, forwards: int, accepted_drafts: dict | None = None) -> dict:
-    """`accepted_drafts`: {"model": n, "context": m} when some row was lossless, else None (the key is left out)."""
+def usage(
+    prompt_tokens: int, completion_tokens: int, forwards: int, accepted_drafts: dict | None = None, cached: int = 0
+) -> dict:
+    """`accepted_drafts`: {"model": n, "context": m} when some row was lossless, else None (the key is left out);
+    `cached`: prompt tokens whose K/V came from the prefix cache (OpenAI's `prompt_tokens_details.cached_tokens`)."""
     body = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
         "forwards": forwards,
         "tokens_per_forward": completion_tokens / forwards if forwards else 0.0,
     }

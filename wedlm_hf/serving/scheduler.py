@@ -29,6 +29,9 @@ from ..modeling.slot_cache import SlotCache
 from ..modeling.streaming_decoder import DecodingRow, DecodingSettings, StreamingDecoder
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
+from .prefix_cache import PrefixCache
+
+DEFAULT_PREFIX_CACHE_TOKENS = 16384  # `--prefix-cache-tokens`: prompt and answer tokens whose K/V are kept
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Finish:
     forwards: int
     accepted_drafts: int | None = None
     accepted_context_drafts: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
 
 
 @dataclass
@@ -77,6 +81,7 @@ class Choice:
     sent: int = 0  # committed tokens already turned into events
     finished: bool = False
     logprobs: int | None = None  # None: no log-probabilities; k: each token's and its k most likely alternatives
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache when the row joined
 
 
 @dataclass(eq=False)
@@ -143,8 +148,17 @@ class Scheduler:
     """The decoding loop; `compile_config` (a transformers `CompileConfig`, None: eager) turns on compiled
     decoding on fixed slots (see the module docstring)."""
 
-    def __init__(self, model, mask_token_id: int, limits: ServingLimits | None = None, compile_config=None, **kwargs):
+    def __init__(
+        self,
+        model,
+        mask_token_id: int,
+        limits: ServingLimits | None = None,
+        compile_config=None,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        **kwargs,
+    ):
         self.limits = serving_limits(limits, **kwargs)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.model = model
         self.mask_token_id = mask_token_id
         self.max_batch_size = self.limits.max_batch_size
@@ -217,6 +231,7 @@ class Scheduler:
                 "waiting_rows": self._queued_rows,
                 "open_requests": len(self._jobs),
                 **self.counters,
+                "prefix_cache": self.prefix_cache.stats(),
             }
 
     # ---- the loop thread -----------------------------------------------------------------------------------
@@ -247,7 +262,13 @@ class Scheduler:
         cache = None
         if self.compiled is not None:  # a decoder's rows own its slots: a new decoder gets fresh ones
             cache = SlotCache(self.model, self.max_batch_size, self.slot_length, compiled=self.compiled)
-        return StreamingDecoder(self.model, self.mask_token_id, cache=cache, token_budget=self.limits.max_step_tokens)
+        return StreamingDecoder(
+            self.model,
+            self.mask_token_id,
+            keep_cache=self.prefix_cache.enabled,  # a finished row's K/V go into the prefix cache
+            cache=cache,
+            token_budget=self.limits.max_step_tokens,
+        )
 
     def _admit_locked(self) -> None:
         """Admits one row at a time from the waiting request with the fewest live rows (the earliest on ties), up
@@ -264,7 +285,8 @@ class Scheduler:
             if self._live and self.limits.step_cost(len(self._live) + 1, window) > self.limits.max_step_tokens:
                 return
             widest = window
-            choice.row = self.decoder.add(choice.prompt, choice.settings)
+            prefix, choice.cached_tokens = self.prefix_cache.lookup(choice.prompt)
+            choice.row = self.decoder.add(choice.prompt, choice.settings, prefix=prefix)
             self._live[choice.row] = (job, choice)
             job.live += 1
             self._queued_rows -= 1
@@ -357,6 +379,9 @@ class Scheduler:
             choice.finished = True
             reason = "stop" if choice.text.stopped or row.finish_reason == "stop" else "length"
             stats, lossless = row.stats, choice.settings.lossless
+            if row.kv is not None:  # its prompt and answer, for the requests (and chat turns) that start the same
+                self.prefix_cache.insert(row.prompt + row.generated, row.kv)
+                row.kv = None
             job.emit(
                 Finish(
                     choice.index,
@@ -366,6 +391,7 @@ class Scheduler:
                     stats.forwards,
                     stats.accepted_drafts if lossless else None,
                     stats.accepted_context_drafts,
+                    choice.cached_tokens,
                 )
             )
             if all(c.finished for c in job.choices):
@@ -384,6 +410,7 @@ class Scheduler:
                     self.decoder.finish(choice.row, reason=reason)
                 except Exception:  # a broken row must not take the loop down; a step failure rebuilds if needed
                     pass
+                choice.row.kv = None
             choice.finished = True
         job.ended = True
         job.live = 0

@@ -81,6 +81,7 @@ def serve_command(args) -> None:
             served_model_name=args.served_model_name,
             limits=limits,
             compile_config=compile_config_for(device) if args.compile else None,
+            prefix_cache_tokens=args.prefix_cache_tokens,
         )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None

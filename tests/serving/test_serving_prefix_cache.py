@@ -1,0 +1,83 @@
+"""The prefix cache: K/V of earlier prompts and answers, in blocks, bounded, least recently used out; a request that
+starts like an earlier one prefills only the rest, reports `cached_tokens`, and answers what it answers without."""
+
+import httpx
+import pytest
+import torch
+from live_server import MODEL_ID, LiveServer, engine, offline_text
+
+from wedlm_hf.serving.prefix_cache import PrefixCache
+
+SYSTEM = (
+    "copy: apple river stone cloud tiger lamp orange piano forest candle mirror silver rocket garden window "
+    "violin basket summer winter ocean marble =>"
+)
+
+
+def kv_of(tokens: int, layers: int = 2, value: float = 0.0):
+    keys = torch.arange(tokens, dtype=torch.float32)[None, :, None].expand(2, tokens, 4) + value
+    return [(keys.clone(), -keys.clone()) for _ in range(layers)]
+
+
+def test_blocks_lookup_insert_and_eviction():
+    cache = PrefixCache(max_tokens=64, block=16)
+    tokens = list(range(50))
+    assert cache.lookup(tokens) == (None, 0) and cache.misses == 1
+    cache.insert(tokens, kv_of(50))
+    assert cache.tokens == 48  # full blocks only
+    kv, n = cache.lookup(tokens)
+    assert n == 48 and kv[0][0].shape == (2, 48, 4) and torch.equal(kv[1][1], -kv_of(48)[1][0])
+    assert cache.lookup(tokens[:49])[1] == 48 and cache.lookup(tokens[:48])[1] == 32  # the last token is always fed
+    assert cache.lookup([99] + tokens[1:])[1] == 0  # a block names its whole prefix, not its own tokens
+    other = list(range(100, 150))
+    cache.insert(other, kv_of(50, value=1000))
+    assert cache.tokens <= 64  # bounded: the least recently used blocks went
+    assert cache.lookup(other)[1] == 48 and cache.lookup(tokens)[1] < 48
+    assert not PrefixCache(0).enabled and PrefixCache(0).lookup(tokens) == (None, 0)
+    with pytest.raises(ValueError, match="--prefix-cache-tokens"):
+        PrefixCache(-1)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with LiveServer() as live:
+        yield live
+
+
+def complete(server, prompt: str, **body) -> dict:
+    body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 24, **body}
+    return httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+
+
+@pytest.mark.parametrize("body", [{}, {"wedlm_lossless": True}], ids=["default", "lossless"])
+def test_a_repeated_prefix_hits_and_answers_the_same(server, body):
+    prompt = ("lossless: " if body else "") + SYSTEM  # its own first block
+    before = server.health()["prefix_cache"]
+    first = complete(server, prompt, **body)
+    again = complete(server, prompt, **body)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 16 and cached % 16 == 0 and cached < again["usage"]["prompt_tokens"]
+    assert again["choices"][0]["text"] == first["choices"][0]["text"] == offline_text(prompt, 24, **body)[0]
+    after = server.health()["prefix_cache"]
+    assert after["hits"] > before["hits"] and after["cached_tokens"] >= before["cached_tokens"] + cached
+
+
+def test_the_next_turn_finds_the_answer(server):
+    """A finished row's prompt and answer are stored: a prompt that continues the answer hits past the prompt."""
+    first = complete(server, SYSTEM + " again")
+    follow = SYSTEM + " again" + first["choices"][0]["text"] + " and once more:"
+    turn = complete(server, follow)
+    assert turn["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] - 16
+    assert turn["choices"][0]["text"] == offline_text(follow, 24)[0]
+
+
+def test_off_and_bounded():
+    with LiveServer(engine(prefix_cache_tokens=0)) as off:
+        for _ in range(2):
+            assert complete(off, SYSTEM)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert off.health()["prefix_cache"]["enabled"] is False
+    with LiveServer(engine(prefix_cache_tokens=64)) as small:
+        for i in range(6):
+            complete(small, f"{i} {SYSTEM}")
+        assert 0 < small.health()["prefix_cache"]["stored_tokens"] <= 64
