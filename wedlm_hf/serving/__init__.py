@@ -7,6 +7,8 @@
 - `scheduler`: the one decoding loop that owns the model (continuous batching on one `StreamingDecoder`, fair
   admission across requests).
 - `incremental_text`: a row's tokens as text, piece by piece, cut at stop strings.
+- `prefix_cache`: K/V of earlier prompts and answers in blocks, bounded, shared by later requests.
+- `log_probabilities`: the model's AR log-probabilities of tokens, as `logprobs` and `echo` report them.
 - `responses`: OpenAI response bodies and stream chunks.
 - `app`: the FastAPI routes and the playground page (`playground.html`, `playground.js`).
 - `server`: uvicorn with a draining shutdown; `wedlm-hf serve`.

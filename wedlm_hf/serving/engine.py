@@ -31,6 +31,7 @@ from ..modeling.streaming_decoder import DecodingSettings
 from ..modeling.window_filling import FillSampler
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
+from .log_probabilities import token_log_probabilities
 from .openai_schema import WEDLM_FIELDS, APIError, ParsedRequest, WeDLMOptions, invalid, wedlm_options
 from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, Choice, Scheduler, serving_limits
 
@@ -184,23 +185,15 @@ class ServingEngine:
     def score_prompt(self, prompt: list[int], top: int, rows_per_chunk: int = 256) -> list:
         """(token, log-probability, top alternatives) of each prompt token given the tokens before it (the first
         has none: None, None), from one uncached forward; the vocabulary-wide logits exist for `rows_per_chunk`
-        positions at a time. Log-probabilities as in `responses`: raw log-softmax without the mask token."""
+        positions at a time. Log-probabilities as `log_probabilities` reports them."""
         ids = torch.tensor([prompt], device=self.model.device)
         hidden = self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]
         head = self.model.get_output_embeddings()
         entries = [(prompt[0], None, None)]
         for start in range(0, len(hidden), rows_per_chunk):
-            scores = head(hidden[start : start + rows_per_chunk]).float()
-            scores[:, self.scheduler.mask_token_id] = float("-inf")
-            logprobs = torch.log_softmax(scores, dim=-1)
-            tokens = prompt[start + 1 : start + 1 + len(scores)]
-            chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens, device=logprobs.device)].tolist()
-            if top:
-                values, indices = logprobs.topk(top, dim=-1)
-                alternatives = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
-            else:
-                alternatives = [[] for _ in tokens]
-            entries += list(zip(tokens, chosen, alternatives))
+            logits = head(hidden[start : start + rows_per_chunk])
+            tokens = prompt[start + 1 : start + 1 + len(logits)]
+            entries += token_log_probabilities(logits, tokens, self.scheduler.mask_token_id, top)
         return entries
 
     def max_tokens(self, request: ParsedRequest, prompts: list[list[int]]) -> int:

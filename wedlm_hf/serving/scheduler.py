@@ -29,6 +29,7 @@ from ..modeling.slot_cache import SlotCache
 from ..modeling.streaming_decoder import DecodingRow, DecodingSettings, StreamingDecoder
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
+from .log_probabilities import token_log_probabilities
 from .prefix_cache import PrefixCache
 
 DEFAULT_PREFIX_CACHE_TOKENS = 16384  # `--prefix-cache-tokens`: prompt and answer tokens whose K/V are kept
@@ -343,23 +344,13 @@ class Scheduler:
 
     def _logprobs(self, row: DecodingRow, start: int, top: int) -> list:
         """(token, log-probability, top alternatives) of the row's tokens from `start` on, from the model's AR
-        logits at each position: a log-softmax over the vocabulary without the mask token. The logits are dropped
-        once delivered."""
+        logits at each position (`log_probabilities`); the logits are dropped once delivered."""
         raw = row.logits[start:]
         if not raw:
             return []
         row.logits[start:] = [None] * len(raw)
-        scores = torch.stack(raw).float()
-        scores[:, self.mask_token_id] = float("-inf")
-        logprobs = torch.log_softmax(scores, dim=-1)
         tokens = row.generated[start : start + len(raw)]
-        chosen = logprobs[torch.arange(len(raw)), torch.tensor(tokens, device=logprobs.device)].tolist()
-        if top:
-            values, indices = logprobs.topk(top, dim=-1)
-            alternatives = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
-        else:
-            alternatives = [[] for _ in raw]
-        return list(zip(tokens, chosen, alternatives))
+        return token_log_probabilities(torch.stack(raw), tokens, self.mask_token_id, top)
 
     def _deliver(self, job: Job, choice: Choice) -> None:
         row = choice.row
