@@ -58,7 +58,7 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self, **kwargs) -> OpenAI:
-        return OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, **kwargs)
+        return OpenAI(base_url=f"{self.url}/v1", **{"api_key": "unused", "max_retries": 0, **kwargs})
 
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=10).json()

@@ -12,7 +12,8 @@ import ipaddress
 import json
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-OPEN_PATHS = ("/", "/playground.js", "/health")  # the page itself and the liveness probe need no key
+# The page itself, the liveness probe and the metrics scrape need no key (they carry no request's data).
+OPEN_PATHS = ("/", "/playground.js", "/health", "/metrics")
 
 
 def default_allowed_hosts(host: str) -> list[str]:

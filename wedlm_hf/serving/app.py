@@ -9,7 +9,9 @@ step. A non-streamed request watches for the disconnect itself.
 """
 
 import asyncio
+import functools
 import json
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .access import LOOPBACK_NAMES, AccessGuard
 from .engine import ServingEngine
+from .metrics import ServerMetrics
 from .openai_schema import APIError, error_body, invalid, parse_chat, parse_completion
 from .responses import ResponseIds, chunk, full_body, sse, token_logprobs, usage, usage_chunk
 from .scheduler import Delta, Failure, Finish, Job, QueueFull, ShuttingDown
@@ -42,6 +45,7 @@ def create_app(engine: ServingEngine, allowed_hosts: list[str] | None = None, ap
     app = FastAPI(title="wedlm-hf serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
     app.state.scoring = asyncio.Semaphore(1)  # echo: one prompt-scoring forward at a time, beside the decoding loop
+    app.state.metrics = metrics = ServerMetrics(engine.scheduler)
     app.add_middleware(AccessGuard, allowed_hosts=list(allowed_hosts or LOOPBACK_NAMES), api_key=api_key)
 
     @app.exception_handler(APIError)
@@ -79,6 +83,10 @@ def create_app(engine: ServingEngine, allowed_hosts: list[str] | None = None, ap
         }
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [_model_card(engine)]}
@@ -105,6 +113,17 @@ def _model_card(engine: ServingEngine) -> dict:
 
 
 async def _respond(engine: ServingEngine, request: Request, parse):
+    """The route's answer; the request is counted in the metrics when it ends (errors when they are raised)."""
+    arrived = time.monotonic()
+    try:
+        return await _answer(engine, request, parse, arrived)
+    except APIError as exc:
+        request.app.state.metrics.finished(request.url.path, exc.status, arrived, None, time.monotonic())
+        raise
+
+
+async def _answer(engine: ServingEngine, request: Request, parse, arrived: float):
+    done = functools.partial(request.app.state.metrics.finished, request.url.path, 200, arrived)
     raw = await _read_body(request, engine.limits.max_request_bytes)
     parsed, prompts, choices = await asyncio.to_thread(_prepare, engine, parse, raw)
     echoes = None
@@ -115,6 +134,7 @@ async def _respond(engine: ServingEngine, request: Request, parse):
     tally = _Tally(prompts, parsed.n, engine.tokenizer, parsed.kind, parsed.logprobs is not None, echoes)
     if not choices:  # echo with max_tokens 0: the scored prompts are the whole answer
         tally.finish = dict.fromkeys(range(tally.count), "length")
+        done(None, time.monotonic(), tally)
         if parsed.stream:
             return StreamingResponse(
                 _stream_scored(ids, tally, parsed.include_usage),
@@ -138,9 +158,12 @@ async def _respond(engine: ServingEngine, request: Request, parse):
     except ShuttingDown:
         raise APIError(503, "The server is shutting down.", code="shutting_down") from None
     if parsed.stream:
-        stream = _stream(engine, job, events, ids, tally, parsed.include_usage)
+        stream = _stream(engine, job, events, ids, tally, parsed.include_usage, done)
         return StreamingResponse(stream, media_type="text/event-stream", headers=_STREAM_HEADERS)
-    return await _collect(engine, request, job, events, ids, tally)
+    response = await _collect(engine, request, job, events, ids, tally)
+    if response.status_code == 200:
+        done(tally.first_token, time.monotonic(), tally)
+    return response
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -212,6 +235,7 @@ class _Tally:
         self.forwards = 0
         self.accepted_drafts: dict | None = None  # {"model", "context"} once a lossless row finished
         self.cached_tokens = 0
+        self.first_token: float | None = None  # when the first completion token arrived (time.monotonic)
 
     @property
     def done(self) -> bool:
@@ -219,6 +243,8 @@ class _Tally:
 
     def add(self, event) -> None:
         if isinstance(event, Delta):
+            if self.first_token is None and event.tokens:
+                self.first_token = time.monotonic()
             self.texts[event.choice].append(event.text)
             if event.logprobs:
                 self.entries[event.choice] += event.logprobs
@@ -268,8 +294,9 @@ class _Tally:
 
 
 async def _stream(
-    engine: ServingEngine, job: Job, events: asyncio.Queue, ids: ResponseIds, tally: _Tally, usage_: bool
+    engine: ServingEngine, job: Job, events: asyncio.Queue, ids: ResponseIds, tally: _Tally, usage_: bool, done
 ):
+    """The stream's events; `done(first, ended, tally)` records a stream that ran to its end."""
     try:
         if ids.kind == "chat":
             for index in range(tally.count):
@@ -291,6 +318,7 @@ async def _stream(
         if usage_:
             yield sse(usage_chunk(ids, tally.usage()))
         yield sse("[DONE]")
+        done(tally.first_token, time.monotonic(), tally)
     finally:  # also when the client went away (Starlette cancels this generator)
         engine.scheduler.cancel(job)
 

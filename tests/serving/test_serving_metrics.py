@@ -1,0 +1,38 @@
+"""`GET /metrics`: Prometheus' text format, read back with prometheus_client's own parser."""
+
+import httpx
+from live_server import MODEL_ID, LiveServer
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def scrape(server) -> dict:
+    response = httpx.get(f"{server.url}/metrics", timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_requests_tokens_and_latencies():
+    with LiveServer(api_key="secret") as server:  # the scrape needs no key, as /health
+        client = server.client(api_key="secret")
+        usages = [client.completions.create(model=MODEL_ID, prompt=p, max_tokens=8).usage for p in ("12 + 30 =", "x")]
+        streamed = client.completions.create(model=MODEL_ID, prompt="count to 5:", max_tokens=6, stream=True)
+        assert [chunk for chunk in streamed]
+        bad = httpx.post(
+            f"{server.url}/v1/completions", json={"prompt": "x", "n": 0}, headers={"Authorization": "Bearer secret"}
+        )
+        assert bad.status_code == 400
+        found = scrape(server)
+    ok = (("route", "/v1/completions"), ("status", "200"))
+    assert found["wedlm_requests_total", ok] == 3
+    assert found["wedlm_requests_total", (("route", "/v1/completions"), ("status", "400"))] == 1
+    tokens = found["wedlm_completion_tokens_total", ()]
+    assert tokens >= sum(u.completion_tokens for u in usages) + 1
+    assert found["wedlm_time_to_first_token_seconds_count", ()] == 3
+    assert found["wedlm_request_latency_seconds_count", ()] == 3
+    assert found["wedlm_tokens_per_forward", ()] == tokens / found["wedlm_decoding_forwards_total", ()]
+    assert found["wedlm_live_rows", ()] == 0 and found["wedlm_waiting_rows", ()] == 0
+    assert 0 <= found["wedlm_prefix_cache_hit_rate", ()] <= 1
