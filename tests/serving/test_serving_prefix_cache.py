@@ -1,10 +1,12 @@
 """The prefix cache: K/V of earlier prompts and answers, in blocks, bounded, least recently used out; a request that
 starts like an earlier one prefills only the rest, reports `cached_tokens`, and answers what it answers without."""
 
+import threading
+
 import httpx
 import pytest
 import torch
-from live_server import MODEL_ID, LiveServer, engine, offline_text
+from live_server import MODEL_ID, LiveServer, engine, offline_text, shipped
 
 from wedlm_hf.serving.prefix_cache import PrefixCache
 
@@ -81,3 +83,46 @@ def test_off_and_bounded():
         for i in range(6):
             complete(small, f"{i} {SYSTEM}")
         assert 0 < small.health()["prefix_cache"]["stored_tokens"] <= 64
+
+
+LONG = "copy: " + " ".join(f"w{i % 37} apple{i % 11}" for i in range(60)) + " =>"
+
+
+def test_concurrent_requests_share_a_prefix_while_the_first_decodes(server):
+    """The first request's prompt is stored once prefilled: 15 requests that arrive while it decodes hit it."""
+    answers = {}
+
+    def ask(i: int, max_tokens: int) -> None:
+        answers[i] = complete(server, f"{LONG} {i}:", max_tokens=max_tokens)
+
+    first = threading.Thread(target=ask, args=(0, 200))
+    first.start()
+    server.wait_for(lambda h: h["live_rows"] == 1 and h["steps"] > 0 and h["prefix_cache"]["stored_tokens"] > 100)
+    others = [threading.Thread(target=ask, args=(i, 12)) for i in range(1, 16)]
+    for thread in others:
+        thread.start()
+    for thread in [first, *others]:
+        thread.join(300)
+    assert len(answers) == 16
+    shared = len(shipped_tokens(LONG)) // 16 * 16 - 16  # all full blocks before the distinct part, at least
+    for i in range(1, 16):
+        assert answers[i]["usage"]["prompt_tokens_details"]["cached_tokens"] >= shared
+        assert answers[i]["choices"][0]["text"] == offline_text(f"{LONG} {i}:", 12)[0]
+
+
+def test_a_cancelled_request_leaves_the_cache_usable(server):
+    prompt = "cancelled " + LONG
+    with httpx.stream(
+        "POST", f"{server.url}/v1/completions", json={"prompt": prompt, "max_tokens": 300, "stream": True}, timeout=60
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk, then the client goes away
+    server.wait_for(lambda h: h["live_rows"] == 0)
+    again = complete(server, prompt)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert again["choices"][0]["text"] == offline_text(prompt, 24)[0]
+
+
+def shipped_tokens(text: str) -> list[int]:
+    return shipped()[1](text).input_ids

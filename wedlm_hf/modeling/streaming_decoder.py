@@ -286,6 +286,10 @@ class StreamingDecoder:
         elif row.kv is not None:
             row.kv = _truncated(row.kv, row.committed)
 
+    def row_cache(self, row: DecodingRow, length: int) -> list:
+        """An active row's committed K/V (per layer, (heads, tokens, head_dim)), its first `length` tokens."""
+        return _truncated(self.kv.row_kv(self.active.index(row)), length)
+
     def _prompt_chunk(self, row: DecodingRow, cap: int | None) -> tuple[int, bool]:
         """How many prompt tokens `row` feeds this step, and whether its window joins them (the last chunk). The
         last chunk always holds the prompt's last token: its row predicts the first slot (lossless mode)."""

@@ -83,6 +83,7 @@ class Choice:
     finished: bool = False
     logprobs: int | None = None  # None: no log-probabilities; k: each token's and its k most likely alternatives
     cached_tokens: int = 0  # prompt tokens found in the prefix cache when the row joined
+    prompt_stored: bool = False  # its prompt's K/V went into the prefix cache
 
 
 @dataclass(eq=False)
@@ -332,6 +333,7 @@ class Scheduler:
                 self._fail(job, 500, failure)
             return
         self.counters["steps"] += 1
+        self._store_prompts()
         for row in changed:
             if row in self._live:
                 job, choice = self._live[row]
@@ -341,6 +343,19 @@ class Scheduler:
                     self._fail(
                         job, 500, f"The request failed while its tokens were delivered ({type(exc).__name__}: {exc})."
                     )
+
+    def _store_prompts(self) -> None:
+        """Puts the K/V of prompts prefilled by this step into the prefix cache, so that requests arriving while
+        these rows still decode share them (a finished row adds its answer)."""
+        if not self.prefix_cache.enabled:
+            return
+        block = self.prefix_cache.block
+        for row, (_, choice) in self._live.items():
+            if choice.prompt_stored or not row.prefilled:
+                continue
+            choice.prompt_stored = True
+            if len(row.prompt) // block * block > choice.cached_tokens and not row.done:
+                self.prefix_cache.insert(row.prompt, self.decoder.row_cache(row, len(row.prompt)))
 
     def _logprobs(self, row: DecodingRow, start: int, top: int) -> list:
         """(token, log-probability, top alternatives) of the row's tokens from `start` on, from the model's AR
