@@ -468,11 +468,19 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--requests", type=positive_int, default=2, help="requests per client at each level")
     bs.add_argument("--max-tokens", type=positive_int, default=64, help="max_tokens of every request")
     bs.add_argument(
+        "--workload",
+        choices=["mixed", "shared-prefix"],
+        default="mixed",
+        help="mixed: short counting and copying prompts; shared-prefix: a common ~600-token start and a short "
+        "question each (default servers: wedlm and wedlm-nocache, the same without its prefix cache)",
+    )
+    bs.add_argument(
         "--servers",
         nargs="+",
-        default=["wedlm", "wedlm-b1", "tf", "tf-cb"],
-        choices=["wedlm", "wedlm-b1", "tf", "tf-cb"],
-        help="which servers to run",
+        default=None,
+        choices=["wedlm", "wedlm-b1", "wedlm-nocache", "tf", "tf-cb"],
+        help="which servers to run (default: wedlm wedlm-b1 tf tf-cb; with --workload shared-prefix: wedlm "
+        "wedlm-nocache)",
     )
     bs.add_argument(
         "--transformers-serve-python",

@@ -44,3 +44,13 @@ def test_bench_serve_refuses_unknown_servers(capsys):
     with pytest.raises(SystemExit):
         cli(["bench-serve", "--servers", "vllm"])
     assert "argument --servers: invalid choice: 'vllm'" in capsys.readouterr().err
+
+
+def test_shared_prefix_workload_prompts_and_servers():
+    from wedlm_hf.serving.bench_serve import SHARED_PREFIX_TOKENS, shared_prefix_prompts
+
+    words = shared_prefix_prompts(4, lambda text: len(text.split()))
+    start = words[0].split(" => ok.")[0]
+    assert len(start.split()) >= SHARED_PREFIX_TOKENS and all(p.startswith(start) for p in words)
+    assert len(set(words)) == 4
+    assert server_command("wedlm-nocache", 9000, "m", None, None, 1)[-8:-6] == ["--prefix-cache-tokens", "0"]

@@ -8,6 +8,9 @@ skipped. Each server is started, warmed up (one request, then one burst at the h
 measured at every concurrency level (each client sends `--requests` greedy /v1/completions requests one after the
 other, streamed), and stopped before the next starts. Reported: requests/s and output tokens/s over the level's
 wall time, time to first token and request latency (p50 / p95).
+
+`--workload shared-prefix` sends prompts that share a ~600-token start (a system prompt, a few-shot block) and end
+in a short question each, to `wedlm` against `wedlm-nocache` (the same server with `--prefix-cache-tokens 0`).
 """
 
 import asyncio
@@ -27,6 +30,7 @@ from pathlib import Path
 SERVERS = {
     "wedlm": "wedlm-hf serve",
     "wedlm-b1": "wedlm-hf serve --max-batch-size 1",
+    "wedlm-nocache": "wedlm-hf serve --prefix-cache-tokens 0",
     "tf": "transformers serve (AR)",
     "tf-cb": "transformers serve --continuous-batching (AR)",
 }
@@ -35,6 +39,21 @@ _WORDS = (
     "apple river stone cloud tiger lamp orange seven piano forest candle mirror silver rocket garden window "
     "yellow thunder pencil planet bridge castle dragon ocean marble rabbit summer winter violin basket"
 ).split()
+
+
+WORKLOADS = ("mixed", "shared-prefix")
+_DEFAULT_SERVERS = {"mixed": ("wedlm", "wedlm-b1", "tf", "tf-cb"), "shared-prefix": ("wedlm", "wedlm-nocache")}
+SHARED_PREFIX_TOKENS = 600  # the shared-prefix workload: a common start this long (the shipped context is 1,024)
+
+
+def shared_prefix_prompts(count: int, count_tokens, seed: int = 0) -> list[str]:
+    """A common start of about SHARED_PREFIX_TOKENS tokens (a long copying list, as a system prompt or few-shot
+    block would be), then a short question of each request's own."""
+    rng = random.Random(f"shared-{seed}")
+    prefix = "copy:"
+    while count_tokens(prefix) < SHARED_PREFIX_TOKENS:
+        prefix += " " + " ".join(rng.choice(_WORDS) for _ in range(10))
+    return [prefix + f" => ok.\n{question}" for question in bench_prompts(count, seed)]
 
 
 def bench_prompts(count: int, seed: int = 0) -> list[str]:
@@ -218,9 +237,11 @@ def server_command(
     threads: int,
     device: str = "cpu",
 ) -> list[str]:
-    if kind in ("wedlm", "wedlm-b1"):
-        batch = "16" if kind == "wedlm" else "1"
+    if kind.startswith("wedlm"):
+        batch = "1" if kind == "wedlm-b1" else "16"
         command = [sys.executable, "-m", "wedlm_hf.cli", "serve", "--port", str(port), "--max-batch-size", batch]
+        if kind == "wedlm-nocache":
+            command += ["--prefix-cache-tokens", "0"]
         return command + ["--threads", str(threads), "--model", model_dir, "--device", device]
     launcher = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
     command = [tf_python, "-c", launcher, "serve", stock_dir, "--host", "127.0.0.1", "--port", str(port)]
@@ -239,6 +260,7 @@ def bench_serve(
     transformers_serve_python: str | None = None,
     threads: int = 1,
     device: str = "cpu",
+    workload: str = "mixed",
     print_fn=print,
 ) -> list[LevelResult]:
     from transformers import AutoTokenizer
@@ -251,6 +273,8 @@ def bench_serve(
     unknown = sorted(set(servers) - set(SERVERS))
     if unknown:
         raise ValueError(f"Unknown server(s) {unknown}: choose from {', '.join(SERVERS)}.")
+    if workload not in WORKLOADS:
+        raise ValueError(f"Unknown workload {workload!r}: choose from {', '.join(WORKLOADS)}.")
     if min(clients) < 1 or requests_per_client < 1 or max_tokens < 1:
         raise ValueError("--clients, --requests and --max-tokens must be at least 1.")
     model_dir = model or default_model_path()
@@ -263,7 +287,8 @@ def bench_serve(
     if any(s.startswith("tf") for s in wanted) and not transformers_serve_python:
         print_fn("transformers serve rows skipped: pass --transformers-serve-python (a Python with transformers>=5.24)")
         wanted = [s for s in wanted if not s.startswith("tf")]
-    prompts = bench_prompts(max(clients) * requests_per_client)
+    count = max(clients) * requests_per_client
+    prompts = shared_prefix_prompts(count, count_tokens) if workload == "shared-prefix" else bench_prompts(count)
     results = []
     with tempfile.TemporaryDirectory(prefix="wedlm-bench-serve-") as scratch:
         stock_dir = None
@@ -315,27 +340,34 @@ def summary(results: list[LevelResult]) -> list[str]:
     lines = []
     by = {(r.server, r.clients): r for r in results}
     top = max((r.clients for r in results if r.server == "wedlm"), default=None)
-    for other in ("wedlm-b1", "tf", "tf-cb"):
+    for other in ("wedlm-b1", "wedlm-nocache", "tf", "tf-cb"):
         if top is not None and (other, top) in by:
             ratio = by[("wedlm", top)].tokens_per_s / by[(other, top)].tokens_per_s
             lines.append(f"wedlm / {other} output tokens/s at {top} clients: {ratio:.2f}x")
+            if other == "wedlm-nocache":
+                faster = by[(other, top)].ttft_p50 / by[("wedlm", top)].ttft_p50
+                lines.append(
+                    f"time to first token p50, without / with the prefix cache at {top} clients: {faster:.2f}x"
+                )
     return lines
 
 
 def bench_serve_command(args) -> None:
     """`wedlm-hf bench-serve`."""
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
+    print(f"workload: {args.workload}")
     print(HEADER)
     try:
         results = bench_serve(
             model=args.model,
-            servers=tuple(args.servers),
+            servers=tuple(args.servers or _DEFAULT_SERVERS[args.workload]),
             clients=tuple(args.clients),
             requests_per_client=args.requests,
             max_tokens=args.max_tokens,
             transformers_serve_python=args.transformers_serve_python,
             threads=args.threads,
             device=args.device,
+            workload=args.workload,
         )
     except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"wedlm-hf bench-serve: {exc}") from None
