@@ -70,16 +70,21 @@ class RaggedCache:
                 layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((count, *layer.keys.shape[1:]))])
                 layer.values = torch.cat([layer.values, layer.values.new_zeros((count, *layer.values.shape[1:]))])
 
-    def load_prefix(self, row: int, kv: list) -> None:
-        """Appends columns that hold, for `row` only, the given per-layer (heads, n, head_dim) K/V."""
-        n = kv[0][0].shape[1]
-        for layer_idx, (keys, values) in enumerate(kv):
-            new_keys = keys.new_zeros((self.valid.shape[0], *keys.shape))
-            new_values = values.new_zeros((self.valid.shape[0], *values.shape))
-            new_keys[row], new_values[row] = keys, values
+    def load_prefixes(self, prefixes: dict[int, list]) -> None:
+        """Appends columns that hold each given row's per-layer (heads, n, head_dim) K/V, right-aligned in the
+        same columns (as long as the longest prefix), invalid for every other row."""
+        width = max(kv[0][0].shape[1] for kv in prefixes.values())
+        fresh = self.valid.new_zeros((self.valid.shape[0], width))
+        for row, kv in prefixes.items():
+            fresh[row, width - kv[0][0].shape[1] :] = True
+        for layer_idx in range(len(next(iter(prefixes.values())))):
+            keys, values = next(iter(prefixes.values()))[layer_idx]
+            new_keys = keys.new_zeros((self.valid.shape[0], keys.shape[0], width, keys.shape[2]))
+            new_values = values.new_zeros((self.valid.shape[0], values.shape[0], width, values.shape[2]))
+            for row, kv in prefixes.items():
+                n = kv[layer_idx][0].shape[1]
+                new_keys[row, :, width - n :], new_values[row, :, width - n :] = kv[layer_idx]
             self.cache.update(new_keys, new_values, layer_idx)
-        fresh = self.valid.new_zeros((self.valid.shape[0], n))
-        fresh[row] = True
         self.valid = torch.cat([self.valid, fresh], dim=1)
 
     def forward(

@@ -121,13 +121,14 @@ class SlotCache(Cache):
             self.lengths[slot] = 0
             self.slot_of.append(slot)
 
-    def load_prefix(self, row: int, kv: list) -> None:
-        """Writes the given per-layer (heads, n, head_dim) K/V as the row's first n committed columns."""
-        slot, n = self.slot_of[row], kv[0][0].shape[1]
-        for layer, (keys, values) in zip(self.layers, kv):
-            layer.keys[slot, :, :n] = keys
-            layer.values[slot, :, :n] = values
-        self.lengths[slot] = n
+    def load_prefixes(self, prefixes: dict[int, list]) -> None:
+        """Writes each given row's per-layer (heads, n, head_dim) K/V as its first n committed columns."""
+        for row, kv in prefixes.items():
+            slot, n = self.slot_of[row], kv[0][0].shape[1]
+            for layer, (keys, values) in zip(self.layers, kv):
+                layer.keys[slot, :, :n] = keys
+                layer.values[slot, :, :n] = values
+            self.lengths[slot] = n
 
     def forward(
         self,

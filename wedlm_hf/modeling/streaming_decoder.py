@@ -307,10 +307,11 @@ class StreamingDecoder:
         if joining:
             self.kv.add_rows(len(joining))
             self.active += joining
-            for b, row in enumerate(self.active):
-                if row.prefix is not None:
-                    self.kv.load_prefix(b, row.prefix)
-                    row.prefix = None
+            prefixes = {b: row.prefix for b, row in enumerate(self.active) if row.prefix is not None}
+            if prefixes:
+                self.kv.load_prefixes(prefixes)
+                for b in prefixes:
+                    self.active[b].prefix = None
         rows = self.active
         if not rows:
             return []
