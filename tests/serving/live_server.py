@@ -95,18 +95,25 @@ class LiveServer:
         self.stop()
 
 
-def offline_ids(prompt_ids: list[int], max_tokens: int, **body) -> list[int]:
-    """What `generate(strategy="wedlm")` commits for one prompt with the request's WeDLM options (greedy)."""
+def offline_generate(prompt_ids: list[int], max_tokens: int, generate_kwargs: dict | None = None, **body):
+    """`generate(strategy="wedlm")` on one prompt with the request's WeDLM options (greedy), and `generate_kwargs`."""
     model, tokenizer = shipped()
     options = {key: body[key] for key in WEDLM_KEYS if key in body}
-    out = model.generate(
+    return model.generate(
         torch.tensor([prompt_ids]),
         strategy="wedlm",
         max_new_tokens=max_tokens,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         **options,
+        **(generate_kwargs or {}),
     )
+
+
+def offline_ids(prompt_ids: list[int], max_tokens: int, **body) -> list[int]:
+    """What `generate(strategy="wedlm")` commits for one prompt with the request's WeDLM options (greedy)."""
+    _, tokenizer = shipped()
+    out = offline_generate(prompt_ids, max_tokens, **body)
     generated = out[0, len(prompt_ids) :].tolist()
     if tokenizer.eos_token_id in generated:  # a row that stopped is padded after its eos
         generated = generated[: generated.index(tokenizer.eos_token_id) + 1]

@@ -3,7 +3,7 @@ offline `generate(strategy="wedlm", output_logits=True)` reports for the same to
 
 import pytest
 import torch
-from live_server import MODEL_ID, WEDLM_KEYS, LiveServer, shipped
+from live_server import MODEL_ID, LiveServer, offline_generate, shipped
 
 PROMPT = "count from 7 by 1, 12 numbers:"
 MESSAGES = [{"role": "user", "content": "count from 3 by 2, 6 numbers:"}]
@@ -23,17 +23,8 @@ def client(server):
 def offline(prompt_ids: list[int], max_tokens: int, top: int, **body):
     """(token ids, their log-probabilities, the top ids) of offline generate on the same prompt and settings."""
     model, tokenizer = shipped()
-    options = {key: body[key] for key in WEDLM_KEYS if key in body}
-    out = model.generate(
-        torch.tensor([prompt_ids]),
-        strategy="wedlm",
-        max_new_tokens=max_tokens,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        return_dict_in_generate=True,
-        output_logits=True,
-        **options,
-    )
+    logits = dict(return_dict_in_generate=True, output_logits=True)
+    out = offline_generate(prompt_ids, max_tokens, logits, **body)
     ids = out.sequences[0, len(prompt_ids) :].tolist()
     if tokenizer.eos_token_id in ids:
         ids = ids[: ids.index(tokenizer.eos_token_id) + 1]
