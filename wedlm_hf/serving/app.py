@@ -222,14 +222,13 @@ class _Tally:
     def __init__(self, prompts, n: int, tokenizer=None, kind: str = "completion", logprobs=False, echoes=None):
         self.count = len(prompts) * n
         self.tokenizer, self.kind, self.logprobs = tokenizer, kind, logprobs
-        self.entries = [[] for _ in range(self.count)]  # (token, log-probability, alternatives) per choice
-        self.offsets = [0] * self.count  # streamed completions: text offset of each choice's next token
         # echo: each choice starts with its prompt's text and scored tokens (`echo_chunk` streams them)
         self.echoes = [echoes[i // n] for i in range(self.count)] if echoes else None
+        starts = self.echoes or [("", [])] * self.count
+        self.texts = [[text] if text else [] for text, _ in starts]
+        self.entries = [list(scored) for _, scored in starts]  # (token, log-probability, alternatives) per choice
+        self.offsets = [0] * self.count  # streamed completions: text offset of each choice's next token
         self.prompt_tokens = sum(len(p) for p in prompts)
-        self.texts = [[echo[0]] if echo else [] for echo in (self.echoes or [None] * self.count)]
-        if self.echoes:
-            self.entries = [list(echo[1]) for echo in self.echoes]
         self.finish: dict[int, str] = {}
         self.completion_tokens = 0
         self.forwards = 0
