@@ -48,9 +48,8 @@ class SlotLayer:
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         self.keys, self.values = keys, values
-        if not torch.compiler.is_compiling():
-            torch._dynamo.mark_static_address(self.keys)  # in place across steps, so CUDA graphs may replay it
-            torch._dynamo.mark_static_address(self.values)
+        torch._dynamo.mark_static_address(self.keys)  # in place across steps, so CUDA graphs may replay it
+        torch._dynamo.mark_static_address(self.values)
 
 
 class SlotCache(Cache):
