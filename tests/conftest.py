@@ -154,3 +154,20 @@ def run_without_wedlm_hf(script: str, args: list[str], workdir) -> dict:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.split("RESULT ", 1)[1])
+
+
+def chi_square_p_value(counts: dict, expected: dict, total: int) -> float:
+    """Goodness of fit; cells expected under 5 counts are pooled into one."""
+    stat, cells, small_obs, small_exp = 0.0, 0, 0, 0.0
+    for cell, p in expected.items():
+        e, o = p * total, counts.get(cell, 0)
+        if e < 5:
+            small_obs, small_exp = small_obs + o, small_exp + e
+            continue
+        stat += (o - e) ** 2 / e
+        cells += 1
+    if small_exp > 0:
+        stat += (small_obs - small_exp) ** 2 / small_exp
+        cells += 1
+    dof = torch.tensor((cells - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, torch.tensor(stat / 2, dtype=torch.float64)))

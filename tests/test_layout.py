@@ -13,7 +13,7 @@ import wedlm_hf
 
 PACKAGE = Path(wedlm_hf.__file__).parent
 CORE = "modeling"
-WINGS = ("training", "data", "hub", "evaluation", "serving")
+WINGS = ("training", "data", "hub", "evaluation", "serving", "structured")
 
 
 def module_name(path: Path) -> str:

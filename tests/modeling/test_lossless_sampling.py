@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import peaky, tiny_config
+from conftest import chi_square_p_value, peaky, tiny_config
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
 from wedlm_hf import WeDLMForCausalLM
@@ -39,23 +39,6 @@ def exact_ar_joint(model, warpers) -> dict[tuple, float]:
         for c in range(VOCAB):
             joint[(a, b, c)] = float(probs[0][k, a] * probs[1][k, b] * probs[2][k, c])
     return joint
-
-
-def chi_square_p_value(counts: dict, expected: dict, total: int) -> float:
-    """Goodness of fit; cells expected under 5 counts are pooled into one."""
-    stat, cells, small_obs, small_exp = 0.0, 0, 0, 0.0
-    for cell, p in expected.items():
-        e, o = p * total, counts.get(cell, 0)
-        if e < 5:
-            small_obs, small_exp = small_obs + o, small_exp + e
-            continue
-        stat += (o - e) ** 2 / e
-        cells += 1
-    if small_exp > 0:
-        stat += (small_obs - small_exp) ** 2 / small_exp
-        cells += 1
-    dof = torch.tensor((cells - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, torch.tensor(stat / 2, dtype=torch.float64)))
 
 
 def sample_counts(model, context_judged: list | None = None, **kwargs) -> dict:

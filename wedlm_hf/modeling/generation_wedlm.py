@@ -25,6 +25,7 @@ from transformers.generation import (
 )
 
 from .batch_stopping import BatchStoppingCriteria
+from .grammar_commit import allowed_tokens, compile_grammar
 from .slot_cache import SlotCache
 from .streaming_decoder import DecodingSettings, StreamingDecoder, WeDLMStats
 from .window_filling import FillSampler
@@ -116,6 +117,7 @@ def generate_wedlm(
     negative_prompt_attention_mask: torch.Tensor | None = None,
     mask_token_id: int | None = None,
     tokenizer=None,
+    grammar=None,
     **kwargs,
 ):
     """Streaming parallel decoding with `generate`'s arguments.
@@ -132,6 +134,11 @@ def generate_wedlm(
         wedlm_context_ngram (int, 3): the longest suffix matched for context drafts, tried down to one token.
         mask_token_id (int): argument, then `config.mask_token_id`, then the generation config, then the
             tokenizer's mask token.
+        grammar: structured output (docs/structured-output.md): the generated text of every row matches it and a row
+            stops only where it is complete. A JSON schema (dict, or its JSON text), `("regex", pattern)`,
+            `("lark", grammar)`, `("ebnf", grammar)`, a compiled `wedlm_hf.structured.Grammar` or an
+            `llguidance.LLMatcher`; a list gives one per row (None: free text). Needs `tokenizer` and the
+            `grammar` extra, except for compiled grammars.
     Returns a LongTensor (batch, T + new) or, with `return_dict_in_generate=True`, a `WeDLMGenerateOutput`. With
     `output_logits` / `output_scores` it holds, per generated position, the model's AR logits there given the
     committed text (the rows WeDLM decoding computes anyway in lossless mode; only the committed run's rows, only
@@ -203,7 +210,9 @@ def generate_wedlm(
     )
     criteria = _stopping_criteria(config, stopping_criteria, tokenizer)
 
+    grammars = _row_grammars(grammar, len(input_ids), tokenizer, model)
     if config.num_return_sequences and config.num_return_sequences > 1:
+        grammars = [g for g in grammars for _ in range(config.num_return_sequences)]
         input_ids = input_ids.repeat_interleave(config.num_return_sequences, dim=0)
         attention_mask = attention_mask.repeat_interleave(config.num_return_sequences, dim=0)
     if streamer is not None and input_ids.shape[0] != 1:
@@ -235,7 +244,10 @@ def generate_wedlm(
     decoder = StreamingDecoder(
         model, mask_token_id, keep_cache=bool(config.return_dict_in_generate), cache=decode_cache
     )
-    rows = [decoder.add(input_ids[b][attention_mask[b].bool()].tolist(), settings) for b in range(len(input_ids))]
+    rows = [
+        decoder.add(input_ids[b][attention_mask[b].bool()].tolist(), settings, grammar=g and g.matcher())
+        for b, g in enumerate(grammars)
+    ]
     stopping = BatchStoppingCriteria(criteria, input_ids, pad_token_id)
     if streamer is not None:
         streamer.put(input_ids.cpu())
@@ -262,6 +274,7 @@ def generate_wedlm(
     if raw is not None and config.output_scores:
         width = input_ids.shape[1]
         scores = tuple(processors(sequences[:, : width + i], step.clone()) for i, step in enumerate(raw))
+        _restrict_scores(scores, rows, grammars)
     return WeDLMGenerateOutput(
         sequences=sequences,
         scores=scores,
@@ -269,6 +282,34 @@ def generate_wedlm(
         wedlm_stats=[row.stats for row in rows],
         **{_OUTPUT_CACHE_FIELD: _aligned_cache(rows, attention_mask, sequences.shape[1], past_key_values)},
     )
+
+
+def _row_grammars(grammar, batch: int, tokenizer, model) -> list:
+    """One compiled grammar (or None) per prompt row; each distinct spec is compiled once."""
+    if grammar is None:
+        return [None] * batch
+    specs = grammar if isinstance(grammar, list) else [grammar] * batch
+    if len(specs) != batch:
+        raise ValueError(f"grammar= as a list gives one grammar (or None) per prompt: got {len(specs)} for {batch}.")
+    vocab = model.config.get_text_config().vocab_size
+    compiled = {}
+    for spec in specs:
+        if spec is not None and id(spec) not in compiled:
+            compiled[id(spec)] = compile_grammar(spec, tokenizer, vocab)
+    return [None if spec is None else compiled[id(spec)] for spec in specs]
+
+
+def _restrict_scores(scores: tuple, rows, grammars: list) -> None:
+    """`output_scores` under a grammar hold what AR + the grammar's processor would: -inf where it forbids."""
+    for row, grammar in zip(rows, grammars):
+        if grammar is None:
+            continue
+        state = grammar.matcher()
+        for i, token in enumerate(row.generated):
+            allowed = allowed_tokens(state, row.settings.stop_ids).to(scores[i].device)
+            scores[i][row.index].masked_fill_(~allowed, float("-inf"))
+            if token not in row.settings.stop_ids:
+                state.advance([token])
 
 
 def _ar_logits(rows, new: int, device) -> tuple[torch.Tensor, ...]:

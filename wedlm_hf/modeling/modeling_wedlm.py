@@ -211,6 +211,11 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
         strategy = resolve_strategy(strategy, kwargs.get("generation_config"), self.generation_config)
         if strategy == "wedlm":
             return generate_wedlm(self, *args, **kwargs)
+        if kwargs.get("grammar") is not None:
+            raise ValueError(
+                "grammar= applies to strategy='wedlm'; for AR decoding pass "
+                "logits_processor=[wedlm_hf.structured.GrammarLogitsProcessor(grammar, tokenizer)] instead."
+            )
         wedlm_kwargs = sorted(k for k in kwargs if k.startswith("wedlm_"))
         if wedlm_kwargs:
             raise ValueError(

@@ -8,7 +8,8 @@ rows verify it first (`draft_verification`). Rows carry their own settings, adva
 any step (their prompt is prefilled in that step's forward, before its window; under a token budget, a long prompt
 over several steps) and leave as soon as they finish: `generate_wedlm` runs a fixed batch to the end, a server keeps
 adding requests. A row's random draws depend only on its own state, never on what else shares the batch, so a row
-with its own seeded generator draws the same tokens alone or batched.
+with its own seeded generator draws the same tokens alone or batched. A row may carry a grammar, checked as its
+text commits (`grammar_commit`).
 """
 
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import torch
 
 from .context_drafts import ContextIndex
 from .draft_verification import ArPredictions
+from .grammar_commit import allowed_along, allowed_tokens, restrict, valid_prefix
 from .ragged_cache import RaggedCache
 from .slot_cache import SlotCache
 from .window_filling import FillSampler, choose_fills, entropy, suppress_token
@@ -26,7 +28,9 @@ from .window_filling import FillSampler, choose_fills, entropy, suppress_token
 class WeDLMStats:
     """Per-row decoding statistics: decoding forwards, committed tokens, window rows fed (prompt rows, prefilled
     in the first forward, are not counted) and, in lossless mode, drafts accepted or rejected by verification, of
-    which `*_context_drafts` were copied from the context (the rest are the model's own fills)."""
+    which `*_context_drafts` were copied from the context (the rest are the model's own fills). Under a grammar,
+    `forced_tokens` of the committed tokens were forced by it and `constrained_tokens` chosen among the tokens it
+    allowed at the slot after the committed text (default mode; in lossless mode every AR token is)."""
 
     forwards: int = 0
     tokens: int = 0
@@ -35,6 +39,8 @@ class WeDLMStats:
     rejected_drafts: int = 0
     accepted_context_drafts: int = 0
     rejected_context_drafts: int = 0
+    forced_tokens: int = 0
+    constrained_tokens: int = 0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -62,6 +68,8 @@ class WeDLMStats:
             "rejected_drafts": self.rejected_drafts,
             "accepted_context_drafts": self.accepted_context_drafts,
             "rejected_context_drafts": self.rejected_context_drafts,
+            "forced_tokens": self.forced_tokens,
+            "constrained_tokens": self.constrained_tokens,
             "acceptance_rate": self.acceptance_rate,
         }
 
@@ -86,7 +94,9 @@ class DecodingSettings:
 class Fill:
     """A filled window slot. `final`: lossless mode's own AR token, committed by the next forward without a check.
     `q` / `verifiable`: for sampled drafts in lossless mode (see `draft_verification.judge_draft`). `source`:
-    "model" (a fill by the entropy rule) or "context" (copied from the context; its q is a point mass)."""
+    "model" (a fill by the entropy rule), "context" (copied from the context; its q is a point mass), "forced" (the
+    row's grammar allows nothing else; a point mass too) or "constrained" (chosen among the tokens the grammar
+    allows, from the AR logits of the slot after the committed text)."""
 
     token: int
     final: bool = False
@@ -121,6 +131,7 @@ class DecodingRow:
     step_logits: torch.Tensor | None = None
     _taken: int = 0
     prefix: list | None = None  # K/V of the prompt's first tokens from elsewhere (a prefix cache), loaded on joining
+    grammar: object | None = None  # the row's grammar state (`grammar_commit`), at the end of its committed text
 
     @property
     def prefilled(self) -> bool:
@@ -130,6 +141,11 @@ class DecodingRow:
     def committed(self) -> int:
         """Logical length P: prompt plus committed tokens."""
         return len(self.prompt) + len(self.generated)
+
+    @property
+    def tracks_logits(self) -> bool:
+        """Whether the row follows the AR logits of the slot after its committed text (`next_logits`)."""
+        return self.settings.keep_logits or self.grammar is not None
 
     def leading_run(self) -> int:
         run = 0
@@ -202,8 +218,10 @@ class DecodingRow:
         kept = 0
         for slot in self.window[:count]:
             self.generated.append(slot.token)
-            if self.settings.keep_logits:
+            if self.tracks_logits:
                 self._take_logits()
+            self.stats.forced_tokens += slot.source == "forced"
+            self.stats.constrained_tokens += slot.source == "constrained"
             kept += 1
             if slot.token in self.settings.stop_ids:
                 self.done, self.finish_reason = True, "stop"
@@ -211,6 +229,9 @@ class DecodingRow:
                 self.done, self.finish_reason = True, "length"
             if self.done:
                 break
+        if self.grammar is not None:
+            new = self.generated[len(self.generated) - kept :]
+            self.grammar.advance([token for token in new if token not in self.settings.stop_ids])
         self.window = self.window[kept:]
         self.stats.tokens += kept
         return kept
@@ -219,7 +240,8 @@ class DecodingRow:
         """The token just committed was predicted by `next_logits`; the next one by its own row's, if fed."""
         if self.next_logits is None:
             raise RuntimeError("A committed token has no AR logits: this is a bug in wedlm_hf.")
-        self.logits.append(self.next_logits)
+        if self.settings.keep_logits:
+            self.logits.append(self.next_logits)
         rows = self.step_logits
         self.next_logits = rows[self._taken] if rows is not None and self._taken < len(rows) else None
         self._taken += 1
@@ -253,15 +275,20 @@ class StreamingDecoder:
         self._joining: list[DecodingRow] = []
         self._count = 0
 
-    def add(self, prompt: list[int], settings: DecodingSettings, prefix: list | None = None) -> DecodingRow:
+    def add(
+        self, prompt: list[int], settings: DecodingSettings, prefix: list | None = None, grammar=None
+    ) -> DecodingRow:
         """A row that joins at the next step. `prefix`: per layer, (heads, n, head_dim) K/V of the prompt's first n
-        tokens (n < len(prompt), computed by this model at positions 0..n-1), which the row then does not feed."""
+        tokens (n < len(prompt), computed by this model at positions 0..n-1), which the row then does not feed.
+        `grammar`: a fresh grammar state (`grammar_commit`) the row's generated text must match."""
         if not prompt:
             raise ValueError("Every prompt needs at least one token.")
         cached = prefix[0][0].shape[1] if prefix else 0
         if cached >= len(prompt):
             raise ValueError("A cached prefix must leave at least the prompt's last token to feed.")
-        row = DecodingRow(index=self._count, prompt=list(prompt), settings=settings, prefix=prefix or None)
+        row = DecodingRow(
+            index=self._count, prompt=list(prompt), settings=settings, prefix=prefix or None, grammar=grammar
+        )
         row.prompt_fed = cached
         self._count += 1
         self._joining.append(row)
@@ -355,7 +382,7 @@ class StreamingDecoder:
         n_masks = max(len(m) for _, m in feeds)
         ar_columns = {}
         for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
-            if (row.settings.lossless or row.settings.keep_logits) and decode:
+            if (row.settings.lossless or row.tracks_logits) and decode:
                 ar_columns[b] = [start - 1] if start else list(range(run))
         wanted = set(range(width - n_masks, width)).union(*ar_columns.values())
         columns = sorted(wanted) or [width - 1]
@@ -370,29 +397,38 @@ class StreamingDecoder:
         column = {c: j for j, c in enumerate(columns)}
 
         ar_rows = {b: [column[c] for c in cs] for b, cs in ar_columns.items()}
-        predictions = _ar_predictions(rows, logits, {b: cs for b, cs in ar_rows.items() if rows[b].settings.lossless})
         for b, cs in ar_rows.items():
             row = rows[b]
-            if row.settings.keep_logits:
+            if row.tracks_logits:
                 own = logits[b, cs]
                 if starts[b]:  # a joining row's last prompt token predicts slot 0
                     row.next_logits, row.step_logits = own[0], None
                 else:
                     row.step_logits, row._taken = own, 0
+            if row.grammar is not None and row.settings.lossless:
+                _restrict_to_grammar(row, logits[b], cs, runs[b], bool(starts[b]))
+        predictions = _ar_predictions(rows, logits, {b: cs for b, cs in ar_rows.items() if rows[b].settings.lossless})
         kept = []
         for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
             if not decode:
                 kept.append(0)
             elif row.settings.lossless:
                 kept.append(self._verify_and_commit(row, run, predictions[b]))
+            elif row.grammar is not None:
+                kept.append(_commit_valid(row, run))
             else:
                 kept.append(row.commit(run))
             row.prompt_fed += start
         # A joining row keeps its prompt (the first columns it was fed); every row keeps its committed run.
         self.kv.keep_leading(width, [start + n for start, n in zip(starts, kept)])
 
+        mask_logits = logits[:, [column[c] for c in range(width - n_masks, width)]]
         if n_masks:
-            self._fill(rows, feeds, logits[:, [column[c] for c in range(width - n_masks, width)]])
+            self._fill(rows, feeds, mask_logits)
+        for b, (row, decode) in enumerate(zip(rows, decodes)):
+            if decode and row.grammar is not None and not row.done:
+                open_masks = {slot: mask_logits[b, c] for c, slot in _open_masks(row, feeds[b][1], n_masks)}
+                _constrain_window(row, open_masks)
         finished = [row for row in rows if row.done]
         if finished:
             self._retire(finished)
@@ -412,7 +448,7 @@ class StreamingDecoder:
         accepted, replacement, room = first, None, settings.max_new_tokens - len(row.generated)
         ends = any(slot.token in settings.stop_ids for slot in row.window[:first]) or first >= room
         rejected = False
-        checked = {"model": 0, "context": 0}
+        checked = {"model": 0, "context": 0, "forced": 0, "constrained": 0}
         rejected_by = None
         if not ends:
             for i in range(first, run):
@@ -433,7 +469,8 @@ class StreamingDecoder:
                     break
             else:
                 replacement = ar.own_token(run - first)
-        row.model_window.update(settings.window_size, checked["model"], rejected_by == "model")
+        own = checked["model"] + checked["constrained"]  # the model's own fills, restricted by a grammar or not
+        row.model_window.update(settings.window_size, own, rejected_by in ("model", "constrained"))
         row.context_window.update(settings.window_size, checked["context"], rejected_by == "context")
         kept = row.commit(accepted)
         if row.done or ends or replacement is None:
@@ -463,13 +500,7 @@ class StreamingDecoder:
             masks = feeds[b][1]
             if row.done or not masks:
                 continue
-            first = n_masks - len(masks)
-            # Masks fed this step that are still masks (lossless mode may have placed its final token on one).
-            open_slots = [
-                (first + j, p - row.committed)
-                for j, p in enumerate(masks)
-                if 0 <= p - row.committed < len(row.window) and row.window[p - row.committed] is None
-            ]
+            open_slots = _open_masks(row, masks, n_masks)
             if not open_slots:
                 continue
             picks = choose_fills(
@@ -532,6 +563,104 @@ class DraftWindow:
             self.quiet += 1
             if self.quiet >= self.wait:
                 self.size = self.smallest
+
+
+def _restrict_to_grammar(row: DecodingRow, logits: torch.Tensor, columns: list[int], run: int, joining: bool) -> None:
+    """Lossless mode: the row's AR rows (`columns` of its (columns, vocab) `logits`) restricted in place to what its
+    grammar allows after the window slots before each, so AR's own choices are AR + grammar's. Only rows after
+    valid slots are used: a slot the grammar rejects is one AR (restricted) never chooses, so verification rejects
+    it there."""
+    grammar, stop_ids = row.grammar, row.settings.stop_ids
+    if joining:  # its one AR row, the prompt's last token, predicts slot 0
+        allowed = [allowed_tokens(grammar, stop_ids)]
+    else:
+        tokens = [slot.token for slot in row.window[:run]]
+        tokens = tokens[: valid_prefix(grammar, tokens, stop_ids)]
+        tokens = tokens[: next((i for i, t in enumerate(tokens) if t in stop_ids), len(tokens))]
+        allowed = allowed_along(grammar, tokens, stop_ids)
+    for column, mask in zip(columns, allowed):
+        logits[column] = restrict(logits[column], mask)
+
+
+def _commit_valid(row: DecodingRow, run: int) -> int:
+    """Default mode: commits the run's leading tokens that the grammar accepts; the first fill it rejects and every
+    fill after it become masks again."""
+    tokens = [slot.token for slot in row.window[:run]]
+    valid = valid_prefix(row.grammar, tokens, row.settings.stop_ids)
+    if valid < run:
+        row.window[valid:] = [None] * (len(row.window) - valid)
+    return row.commit(valid)
+
+
+def _open_masks(row: DecodingRow, masks: list[int], n_masks: int) -> list[tuple[int, int]]:
+    """(mask column, window slot) of the masks fed this step that are still masks (lossless mode may have placed
+    its final token on one; a commit moves the slots). Masks are right-aligned in the step's mask columns."""
+    first = n_masks - len(masks)
+    return [
+        (first + j, p - row.committed)
+        for j, p in enumerate(masks)
+        if 0 <= p - row.committed < len(row.window) and row.window[p - row.committed] is None
+    ]
+
+
+def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) -> None:
+    """After a step's commit and fills, walks the window from the committed text on while the grammar's state is
+    known: tokens it forces are filled without the model (a whole fixed string when it allows only one); a fill it
+    rejects is replaced; an open slot is filled with the model's choice among the tokens it allows, where that
+    choice is confident (restricted entropy under the threshold) and always at the slot right after the committed
+    text (default mode: its AR logits), so the next forward commits at least one token. Lossless mode starts after
+    slot 0, AR's own token (chosen restricted already); there every fill is a draft the next forward verifies, and
+    a sampled row's open slots are left to the model (their drafts need the distribution they were drawn from)."""
+    settings, grammar, window, stop_ids = row.settings, row.grammar, row.window, row.settings.stop_ids
+    slot = consumed = 0
+    if settings.lossless:
+        if not window or not window[0].final or window[0].token in stop_ids:
+            return
+        grammar.advance([window[0].token])
+        slot = consumed = 1
+    limit = min(settings.max_new_tokens - len(row.generated), settings.window_size + slot)
+    while slot < limit:
+        forced = grammar.forced()[: limit - slot]
+        for token in forced:
+            if slot == len(window):
+                window.append(None)
+            if window[slot] is None or window[slot].token != token:
+                window[slot] = Fill(token, source="forced")
+            grammar.advance([token])
+            slot, consumed = slot + 1, consumed + 1
+        if forced:
+            continue
+        fill = window[slot] if slot < len(window) else None
+        if fill is not None:
+            if fill.token in stop_ids:
+                if grammar.accepting():
+                    break
+            elif grammar.accepted([fill.token]) == 1:
+                grammar.advance([fill.token])
+                slot, consumed = slot + 1, consumed + 1
+                continue
+            window[slot] = None
+        first = slot == 0
+        scores = row.next_logits if first else mask_logits.get(slot)
+        if scores is None or (settings.lossless and settings.sampler.do_sample):
+            break
+        allowed = allowed_tokens(grammar, stop_ids)
+        if not allowed.any():  # complete, and no stop token is set: the text ends here
+            row.done, row.finish_reason = first or row.done, "stop" if first else row.finish_reason
+            break
+        restricted = restrict(scores.float()[None], allowed)
+        threshold = settings.entropy_threshold
+        if not first and (threshold is None or float(entropy(restricted)[0]) >= threshold):
+            break
+        token = int(settings.sampler(restricted)[0])
+        if slot == len(window):
+            window.append(None)
+        window[slot] = Fill(token, source="constrained")
+        if token in stop_ids:
+            break
+        grammar.advance([token])
+        slot, consumed = slot + 1, consumed + 1
+    grammar.rollback(consumed)
 
 
 def _ar_predictions(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:

@@ -1,0 +1,223 @@
+"""Specs (JSON schemas, regular expressions, Lark/EBNF grammars) compiled with llguidance, and the per-row state the
+decoder checks commits against (`wedlm_hf.modeling.grammar_commit` names the methods it needs).
+
+llguidance, over xgrammar and outlines-core: one 3 MB wheel with no dependencies (xgrammar pulls in triton), it
+compiles a JSON schema in about a millisecond with no per-vocabulary precomputation, computes a mask in tens of
+microseconds on a CPU, covers JSON schemas, regular expressions and context-free grammars (outlines-core: no
+grammars), and answers exactly the questions commit-time checking asks: how many of these tokens are valid
+(`validate_tokens`), which tokens are forced (`compute_ff_tokens`), and rollback.
+"""
+
+import json
+import weakref
+from collections import OrderedDict
+
+import torch
+
+KINDS = ("json_schema", "regex", "lark", "ebnf")
+# JSON is written as json.dumps writes it: no free whitespace, so forced separators fill without the model and
+# every value has one spelling. A schema's "x-guidance" entry overrides these (llguidance's JSON options).
+JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CACHE_SIZE = 256  # compiled grammars kept, by (tokenizer, vocabulary, kind, text)
+_SHIFTS = torch.arange(32, dtype=torch.int32)
+_compiled: OrderedDict = OrderedDict()
+_tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.hf
+    except ImportError:
+        raise ImportError("Structured output needs llguidance: pip install 'wedlm-hf[grammar]'.") from None
+    return llguidance
+
+
+class GrammarState:
+    """One row's position in its grammar (the decoder's view of an llguidance matcher). Stop tokens are not its
+    business: `allowed()` and `forced()` leave out the tokenizer's end-of-text tokens, and the decoder lets a stop
+    token commit only where `accepting()`."""
+
+    def __init__(self, matcher, vocab_size: int, end_tokens: list[int]):
+        self._matcher = matcher
+        self.vocab_size = vocab_size
+        self._end = end_tokens
+
+    def accepted(self, tokens: list[int]) -> int:
+        return self._matcher.validate_tokens(tokens) if tokens else 0
+
+    def advance(self, tokens: list[int]) -> None:
+        if tokens and not self._matcher.consume_tokens(tokens):
+            raise RuntimeError(f"The grammar refused tokens it had accepted: {self._matcher.get_error()}")
+
+    def rollback(self, count: int) -> None:
+        if count and not self._matcher.rollback(count):
+            raise RuntimeError(f"The grammar could not roll back {count} tokens: {self._matcher.get_error()}")
+
+    def forced(self) -> list[int]:
+        tokens = self._matcher.compute_ff_tokens()
+        end = next((i for i, token in enumerate(tokens) if token in self._end), len(tokens))
+        return tokens[:end]
+
+    def allowed(self) -> torch.Tensor:
+        words = torch.frombuffer(bytearray(self._matcher.compute_bitmask()), dtype=torch.int32)
+        bits = ((words[:, None] >> _SHIFTS) & 1).flatten().bool()
+        allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
+        allowed[: min(len(bits), self.vocab_size)] = bits[: self.vocab_size]
+        allowed[self._end] = False
+        return allowed
+
+    def accepting(self) -> bool:
+        return self._matcher.is_accepting()
+
+
+class Grammar:
+    """A grammar compiled for one tokenizer and vocabulary, what `generate(grammar=...)` and the server decode
+    under: `matcher()` gives each row a fresh `GrammarState`. Make one with `compile_grammar` (cached by spec)."""
+
+    def __init__(self, template, vocab_size: int, end_tokens: list[int], kind: str, source: str):
+        self._template = template
+        self.vocab_size = vocab_size
+        self.end_tokens = end_tokens
+        self.kind = kind
+        self.source = source
+
+    def matcher(self) -> GrammarState:
+        return GrammarState(self._template.deep_copy(), self.vocab_size, self.end_tokens)
+
+    def __repr__(self) -> str:
+        text = self.source if len(self.source) <= 60 else self.source[:57] + "..."
+        return f"Grammar({self.kind}: {text})"
+
+
+def parse_spec(spec) -> tuple[str, str]:
+    """(kind, text) for a grammar spec: a JSON schema (dict, or its JSON text) or a (kind, text) pair."""
+    if isinstance(spec, dict):
+        return "json_schema", json.dumps(spec)
+    if isinstance(spec, str):
+        try:
+            schema = json.loads(spec)
+        except ValueError:
+            schema = None
+        if isinstance(schema, dict):
+            return "json_schema", json.dumps(schema)
+        raise ValueError(
+            "A string grammar= must be a JSON schema (the JSON text of an object); for a regular expression pass "
+            "('regex', pattern), for a grammar ('lark', text) or ('ebnf', text)."
+        )
+    if isinstance(spec, tuple) and len(spec) == 2 and spec[0] in KINDS:
+        kind, text = spec
+        if kind == "json_schema":
+            return parse_spec(text)
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"grammar=({kind!r}, ...) takes the {kind} as a non-empty string, got {text!r}.")
+        return kind, text
+    raise ValueError(
+        f"grammar= takes a JSON schema (dict or JSON text), a pair (kind, text) with kind one of {', '.join(KINDS)}, "
+        f"a compiled Grammar or an llguidance.LLMatcher; got {spec!r}."
+    )
+
+
+def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Grammar:
+    """`spec` compiled for `tokenizer` (a fast Hugging Face tokenizer) and a model vocabulary of `vocab_size` (the
+    tokenizer's size by default). Raises ValueError naming what the library cannot compile. Cached by spec."""
+    if isinstance(spec, Grammar):
+        return spec
+    llguidance = _llguidance()
+    if isinstance(spec, llguidance.LLMatcher):
+        return _from_matcher(spec, tokenizer, vocab_size)
+    kind, text = parse_spec(spec)
+    if tokenizer is None:
+        raise ValueError("grammar= needs the tokenizer to compile a schema, regex or grammar: pass tokenizer=...")
+    ll_tokenizer = _ll_tokenizer(tokenizer)
+    vocab_size = _vocab_size(ll_tokenizer, vocab_size)
+    key = (id(ll_tokenizer), vocab_size, kind, text)
+    if key in _compiled:
+        _compiled.move_to_end(key)
+        return _compiled[key]
+    definition = _definition(llguidance.LLMatcher, kind, text)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, ll_tokenizer)
+    if failed:
+        raise ValueError(f"grammar= ({kind}) cannot be compiled: {messages[0]}")
+    template = llguidance.LLMatcher(ll_tokenizer, definition, log_level=0)
+    if template.is_error():
+        raise ValueError(f"grammar= ({kind}) cannot be compiled: {template.get_error()}")
+    grammar = Grammar(template, vocab_size, list(ll_tokenizer.eos_tokens), kind, text)
+    _compiled[key] = grammar
+    if len(_compiled) > CACHE_SIZE:
+        _compiled.popitem(last=False)
+    return grammar
+
+
+def _definition(matcher_type, kind: str, text: str) -> str:
+    try:
+        if kind == "json_schema":
+            return matcher_type.grammar_from_json_schema(text, defaults=JSON_DEFAULTS)
+        if kind == "regex":
+            return matcher_type.grammar_from_regex(text)
+        if kind == "lark":
+            return matcher_type.grammar_from_lark(text)
+        from llguidance import grammar_from
+
+        return grammar_from("ebnf", text)
+    except ValueError as error:
+        raise ValueError(f"grammar= ({kind}) cannot be compiled: {error}") from None
+
+
+def _from_matcher(matcher, tokenizer, vocab_size: int | None) -> Grammar:
+    """An llguidance matcher given as is: its state is copied and rewound for each row."""
+    if matcher.is_error():
+        raise ValueError(f"grammar=: this llguidance.LLMatcher is in an error state: {matcher.get_error()}")
+    if vocab_size is None and tokenizer is None:
+        raise ValueError("grammar= with an llguidance.LLMatcher needs the vocabulary size or the tokenizer.")
+    template = matcher.deep_copy()
+    template.reset()
+    end = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else []
+    return Grammar(template, vocab_size or len(tokenizer), end, "llguidance", "LLMatcher")
+
+
+def _ll_tokenizer(tokenizer):
+    """llguidance's view of a fast Hugging Face tokenizer, made once per tokenizer object."""
+    try:
+        return _tokenizers[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    llguidance = _llguidance()
+    try:
+        made = llguidance.hf.from_tokenizer(tokenizer)
+    except ValueError:  # a tokenizer llguidance cannot read from its JSON: spelled out token by token
+        made = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_SpelledTokenizer(tokenizer)))
+    try:
+        _tokenizers[tokenizer] = made
+    except TypeError:
+        pass
+    return made
+
+
+class _SpelledTokenizer:
+    """What llguidance's generic tokenizer wrapper reads: each token's bytes (its text decoded alone), the special
+    tokens, and encoding."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = tokenizer.bos_token_id
+        self.special_token_ids = list(tokenizer.all_special_ids)
+        special = set(self.special_token_ids)
+        self.tokens = [
+            b"\xff" + str(i).encode() if i in special else tokenizer.decode([i]).encode() for i in range(len(tokenizer))
+        ]
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
+def _vocab_size(ll_tokenizer, vocab_size: int | None) -> int:
+    if vocab_size is None:
+        return ll_tokenizer.vocab_size
+    if ll_tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"The tokenizer has {ll_tokenizer.vocab_size} tokens but the model's vocabulary only {vocab_size}: "
+            "pass the model's own tokenizer."
+        )
+    return vocab_size
