@@ -1,0 +1,106 @@
+"""Grammar specs the library cannot compile, or that are given wrongly, are refused before decoding, by name."""
+
+import sys
+
+import pytest
+import torch
+from conftest import EOS_ID
+
+from wedlm_hf.structured import Grammar, compile_grammar
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def wedlm(model, char_tokenizer, **kwargs):
+    inputs = char_tokenizer(["x"], return_tensors="pt")
+    return model.generate(**inputs, strategy="wedlm", max_new_tokens=8, eos_token_id=EOS_ID, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"type": "strin"}, r"\(json_schema\) cannot be compiled: .*strin"),
+        ({"type": "string", "format": "zzz"}, r"cannot be compiled: .*format"),
+        ("[a-z]+", r"\('regex', pattern\)"),
+        (("xml", "<a/>"), "kind one of json_schema, regex, lark, ebnf"),
+        (("regex", "(unclosed"), r"\(regex\) cannot be compiled"),
+        (("lark", "start: missing_rule"), r"\(lark\) cannot be compiled"),
+        (("regex", ""), "non-empty string"),
+        (42, "grammar= takes a JSON schema"),
+    ],
+)
+def test_bad_specs_are_refused_by_name(model64, char_tokenizer, spec, message):
+    with pytest.raises(ValueError, match=message):
+        wedlm(model64, char_tokenizer, grammar=spec, tokenizer=char_tokenizer)
+
+
+def test_misuse_is_refused(model64, char_tokenizer):
+    with pytest.raises(ValueError, match="pass tokenizer="):
+        wedlm(model64, char_tokenizer, grammar=SCHEMA)
+    with pytest.raises(ValueError, match="one grammar \\(or None\\) per prompt: got 2 for 1"):
+        wedlm(model64, char_tokenizer, grammar=[SCHEMA, None], tokenizer=char_tokenizer)
+    inputs = char_tokenizer(["x"], return_tensors="pt")
+    with pytest.raises(ValueError, match="GrammarLogitsProcessor"):
+        model64.generate(**inputs, max_new_tokens=4, grammar=SCHEMA)
+    with pytest.raises(ValueError, match="vocabulary only 50"):
+        compile_grammar(SCHEMA, char_tokenizer, vocab_size=50)
+
+
+def test_without_llguidance_the_error_names_the_extra(model64, char_tokenizer, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llguidance", None)
+    with pytest.raises(ImportError, match=r"pip install 'wedlm-hf\[grammar\]'"):
+        wedlm(model64, char_tokenizer, grammar=SCHEMA, tokenizer=char_tokenizer)
+
+
+def test_without_a_registered_compiler_the_core_names_the_extra(model64, char_tokenizer, monkeypatch):
+    from wedlm_hf.modeling import grammar_commit
+
+    monkeypatch.setattr(grammar_commit, "entry_points", lambda group: [])
+    with pytest.raises(ValueError, match=r"pip install 'wedlm-hf\[grammar\]'"):
+        wedlm(model64, char_tokenizer, grammar=SCHEMA, tokenizer=char_tokenizer)
+    # A compiled grammar needs no compiler.
+    compiled = compile_grammar(SCHEMA, char_tokenizer, 96)
+    assert wedlm(model64, char_tokenizer, grammar=compiled).shape[1] > 1
+
+
+def test_compiled_grammars_are_cached_and_an_llguidance_matcher_is_taken_as_is(model64, char_tokenizer):
+    import llguidance
+
+    first = compile_grammar(SCHEMA, char_tokenizer, 96)
+    assert compile_grammar(dict(SCHEMA), char_tokenizer, 96) is first
+    assert isinstance(first, Grammar) and "json_schema" in repr(first)
+    ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Spelled(char_tokenizer)))
+    matcher = llguidance.LLMatcher(ll_tokenizer, llguidance.LLMatcher.grammar_from_regex("(yes|no)"), log_level=0)
+    out = wedlm(model64, char_tokenizer, grammar=matcher, tokenizer=char_tokenizer, return_dict_in_generate=True)
+    text = char_tokenizer.decode(out.sequences[0, 1:].tolist()).split("<eos>")[0]
+    assert text in ("yes", "no")
+    assert matcher.compute_ff_tokens() == [] and not matcher.is_accepting()  # the caller's matcher is not moved
+
+
+class _Spelled:
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.eos_token_id, self.bos_token_id = tokenizer.eos_token_id, None
+        self.special_token_ids = list(tokenizer.all_special_ids)
+        self.tokens = [
+            b"\xff" + bytes([i]) if i in self.special_token_ids else tokenizer.decode([i]).encode()
+            for i in range(len(tokenizer))
+        ]
+
+    def __call__(self, text):
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_a_grammar_that_is_complete_without_a_stop_token_ends_the_row(model64, char_tokenizer):
+    inputs = char_tokenizer(["x"], return_tensors="pt")
+    out = model64.generate(
+        **inputs,
+        strategy="wedlm",
+        max_new_tokens=20,
+        eos_token_id=None,
+        pad_token_id=EOS_ID,
+        grammar=("regex", "abc"),
+        tokenizer=char_tokenizer,
+    )
+    assert char_tokenizer.decode(out[0, 1:].tolist()) == "abc"
+    assert torch.is_tensor(out)

@@ -1,0 +1,79 @@
+"""Structured output on the shipped model and its byte-level tokenizer: records that a program reads."""
+
+import json
+
+import jsonschema
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from wedlm_hf import WeDLMForCausalLM, default_model_path
+from wedlm_hf.structured import GrammarLogitsProcessor
+
+RECORD = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "line": {"type": "integer", "minimum": 1, "maximum": 9999},
+        "kind": {"enum": ["function", "class", "constant"]},
+        "public": {"type": "boolean"},
+        "args": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    },
+    "required": ["name", "line", "kind", "public", "args"],
+    "additionalProperties": False,
+}
+SCHEMAS = [
+    RECORD,
+    {"type": "object", "properties": {"module": {"enum": ["os", "sys", "json"]}}, "required": ["module"]},
+    {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"key": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0}},
+                    "required": ["key", "n"],
+                    "additionalProperties": False,
+                },
+                "minItems": 1,
+                "maxItems": 2,
+            }
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    },
+]
+PROMPTS = ["def parse(path):\n    record = ", "import json\nconfig = ", "# the table\nrows = "]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    path = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    return WeDLMForCausalLM.from_pretrained(path).eval(), tokenizer
+
+
+@pytest.mark.parametrize("lossless", [False, True])
+def test_outputs_parse_and_validate(shipped, lossless):
+    model, tokenizer = shipped
+    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    out = model.generate(
+        **inputs, strategy="wedlm", grammar=SCHEMAS, tokenizer=tokenizer, max_new_tokens=120, wedlm_lossless=lossless
+    )
+    for schema, row in zip(SCHEMAS, out[:, inputs.input_ids.shape[1] :]):
+        tokens = row.tolist()
+        assert tokenizer.eos_token_id in tokens
+        jsonschema.validate(json.loads(tokenizer.decode(tokens, skip_special_tokens=True)), schema)
+
+
+def test_lossless_equals_ar_with_the_processor(shipped):
+    model, tokenizer = shipped
+    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    processor = GrammarLogitsProcessor(SCHEMAS, tokenizer)
+    ar = model.generate(**inputs, max_new_tokens=120, do_sample=False, logits_processor=[processor])
+    wedlm = model.generate(
+        **inputs, strategy="wedlm", wedlm_lossless=True, grammar=SCHEMAS, tokenizer=tokenizer, max_new_tokens=120
+    )
+    assert torch.equal(wedlm, ar)
