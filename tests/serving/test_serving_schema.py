@@ -147,6 +147,22 @@ def test_chat_messages_and_token_limits():
     refused(parse_chat, {"messages": user, "max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens")
     refused(parse_chat, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content")
     refused(parse_chat, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role")
-    refused(parse_chat, {"messages": user, "response_format": {"type": "json_object"}}, "response_format")
+    for bad in (
+        "json",
+        {"type": "xml"},
+        {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"schema": {}}},
+        {"type": "json_schema", "json_schema": {"name": "r", "schema": []}},
+        {"type": "json_schema", "json_schema": {"name": "r", "strict": "yes"}},
+        {"type": "json_schema", "json_schema": {"name": "r", "format": "x"}},
+        {"type": "json_object", "json_schema": {}},
+        {"type": "json_schema", "json_schema": {"name": "r", "schema": {"enum": ["x" * 40_000]}}},
+    ):
+        refused(parse_chat, {"messages": user, "response_format": bad}, "response_format")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    chat = parse_chat({"messages": user, "response_format": {"type": "json_object"}}, "m", DEFAULTS)
+    assert chat.json_schema == {"type": "object"}
+    body = {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}
+    assert parse_completion(body, "m", DEFAULTS).json_schema == schema
     refused(parse_chat, {"messages": user, "prompt": "x"}, "prompt")
     refused(parse_completion, {"prompt": "x", "messages": user}, "messages")

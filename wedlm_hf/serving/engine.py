@@ -29,6 +29,7 @@ from ..data import default_model_path
 from ..modeling import WEDLM_GENERATION_DEFAULTS
 from ..modeling.streaming_decoder import DecodingSettings
 from ..modeling.window_filling import FillSampler
+from ..structured import compile_grammar
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
 from .log_probabilities import token_log_probabilities
@@ -229,6 +230,7 @@ class ServingEngine:
         max_tokens = self.max_tokens(request, prompts)
         if max_tokens == 0:
             return []  # nothing to decode: the response is the scored prompt
+        grammar = self.grammar(request)
         choices = []
         for p, prompt in enumerate(prompts):
             for j in range(request.n):
@@ -246,8 +248,25 @@ class ServingEngine:
                     keep_logits=request.logprobs is not None,
                 )
                 text = IncrementalText(self.tokenizer, request.stop)
-                choices.append(Choice(index, prompt, settings, text, logprobs=request.logprobs))
+                choices.append(Choice(index, prompt, settings, text, logprobs=request.logprobs, grammar=grammar))
         return choices
+
+    def grammar(self, request: ParsedRequest):
+        """The request's response_format compiled (once per schema: the compiler caches it), or None."""
+        if request.json_schema is None:
+            return None
+        try:
+            return compile_grammar(request.json_schema, self.tokenizer, self.model.config.get_text_config().vocab_size)
+        except ImportError:
+            raise APIError(
+                400,
+                "response_format needs structured output, which this server was installed without: "
+                "pip install 'wedlm-hf[serve]'.",
+                param="response_format",
+                code="unsupported_parameter",
+            ) from None
+        except ValueError as error:
+            raise invalid("response_format", f"response_format's schema cannot be used: {error}") from None
 
     def _sampler(self, request: ParsedRequest, index: int) -> FillSampler:
         do_sample, temperature, top_p, top_k = self._sampling_defaults

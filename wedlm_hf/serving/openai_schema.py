@@ -5,6 +5,7 @@ or refused with a 400 that names it: nothing is silently ignored. WeDLM's decodi
 fields (`wedlm_window_size`, ...), which the official client sends with `extra_body=`.
 """
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -80,6 +81,7 @@ class ParsedRequest:
     include_usage: bool = False
     logprobs: int | None = None  # None: none asked for; k: each token's log-probability and the k most likely
     echo: bool = False  # completions: the prompt (and its tokens' log-probabilities) before the completion
+    json_schema: dict | None = None  # response_format: the JSON schema every choice's text follows (None: free text)
     wedlm: WeDLMOptions | None = None
 
 
@@ -98,6 +100,7 @@ MAX_N = 128  # OpenAI's bound; the server's --max-request-rows bounds prompts x 
 MAX_LOGPROBS = 20  # top log-probabilities per token, as vLLM and OpenAI's chat route allow
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
+MAX_SCHEMA_CHARS = 32_768  # a response_format schema, as JSON text: compiled per request (cached by text)
 
 # Fields accepted only with the value that means "off"; anything else is refused as unsupported.
 _OFF_VALUES = {
@@ -110,7 +113,6 @@ _OFF_VALUES = {
     "functions": (None, []),
     "function_call": (None, "none"),
     "parallel_tool_calls": (None, False),
-    "response_format": (None, {"type": "text"}),
     "service_tier": (None, "auto", "default"),
     "store": (None, False),
     "metadata": (None, {}),
@@ -120,7 +122,7 @@ _OFF_VALUES = {
 _COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user"}
 _COMPLETION_FIELDS = (
     _COMMON
-    | {"prompt", "presence_penalty", "frequency_penalty", "logit_bias", "echo", "suffix"}
+    | {"prompt", "presence_penalty", "frequency_penalty", "logit_bias", "echo", "suffix", "response_format"}
     | {
         "best_of",
         "logprobs",
@@ -246,7 +248,50 @@ def _common(body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMOp
         if not isinstance(include, bool):
             raise invalid("stream_options", "stream_options.include_usage must be true or false.")
         request.include_usage = include
+    request.json_schema = _response_format(body.get("response_format"))
     request.wedlm = wedlm_options(body, defaults, max_window)
+
+
+def _response_format(value) -> dict | None:
+    """OpenAI's response_format: None for text, else the JSON schema the output follows ({"type": "object"} for
+    json_object; a json_schema without a schema admits any JSON value)."""
+    kinds = '"text", "json_object" or "json_schema"'
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise invalid("response_format", f'response_format must be an object with a "type": {kinds}.')
+    kind, extra = value["type"], set(value) - {"type", "json_schema"}
+    if kind not in ("text", "json_object", "json_schema"):
+        raise invalid("response_format", f"response_format type {kind!r} is not one of {kinds}.")
+    if extra or (kind != "json_schema" and "json_schema" in value):
+        raise invalid(
+            "response_format", f"response_format {{'type': {kind!r}}} takes no {sorted(set(value) - {'type'})}."
+        )
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise invalid(
+            "response_format",
+            'response_format {"type": "json_schema"} needs "json_schema": {"name": "...", "schema": {...}}.',
+        )
+    unknown = sorted(set(spec) - {"name", "description", "schema", "strict"})
+    if unknown:
+        raise invalid(
+            "response_format", f"response_format.json_schema takes name, description, schema and strict, not {unknown}."
+        )
+    if spec.get("strict") not in (None, True, False):
+        raise invalid("response_format", "response_format.json_schema.strict must be true or false.")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise invalid("response_format", "response_format.json_schema.schema must be a JSON schema object.")
+    if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
+        raise invalid(
+            "response_format", f"response_format's schema is over this server's limit of {MAX_SCHEMA_CHARS} characters."
+        )
+    return schema
 
 
 def wedlm_options(body: dict, defaults: WeDLMOptions, max_window: int | None = None) -> WeDLMOptions:

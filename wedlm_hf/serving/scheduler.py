@@ -84,6 +84,7 @@ class Choice:
     logprobs: int | None = None  # None: no log-probabilities; k: each token's and its k most likely alternatives
     cached_tokens: int = 0  # prompt tokens found in the prefix cache when the row joined
     prompt_stored: bool = False  # its prompt's K/V went into the prefix cache
+    grammar: object | None = None  # the compiled response_format its text follows; each row gets its own state
 
 
 @dataclass(eq=False)
@@ -288,7 +289,8 @@ class Scheduler:
                 return
             widest = window
             prefix, choice.cached_tokens = self.prefix_cache.lookup(choice.prompt)
-            choice.row = self.decoder.add(choice.prompt, choice.settings, prefix=prefix)
+            state = None if choice.grammar is None else choice.grammar.matcher()
+            choice.row = self.decoder.add(choice.prompt, choice.settings, prefix=prefix, grammar=state)
             self._live[choice.row] = (job, choice)
             job.live += 1
             self._queued_rows -= 1
