@@ -23,6 +23,7 @@ COMMANDS = {
     "generate": "evaluation.demo:generate_command",
     "bench": "evaluation.benchmark:bench_command",
     "bench-lossless": "evaluation.lossless_benchmark:bench_lossless_command",
+    "bench-structured": "evaluation.structured_benchmark:bench_structured_command",
     "evaluate": "evaluation.evaluate:evaluate_command",
     "train-tokenizer": "data.tokenizer_training:train_tokenizer_command",
     "train": "training.trainer:train_command",
@@ -274,6 +275,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="also AR, WeDLM and lossless on the static cache with torch.compile(model.forward), checked against AR "
         "(compiling takes minutes)",
     )
+
+    bs = command("bench-structured", "WeDLM under a JSON schema vs AR generate with the grammar's logits processor")
+    bs.add_argument(
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: the shipped model)",
+    )
+    bs.add_argument("--new-tokens", type=positive_int, default=96, help="new tokens per prompt at most (eos stops)")
+    bs.add_argument("--repeats", type=positive_int, default=3, help="timed runs per prompt (the best is kept)")
+    bs.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    bs.add_argument("--json", default=None, metavar="FILE", help="also write the measurements to this file")
 
     tok = command("train-tokenizer", "train the byte-level BPE tokenizer of the shipped model")
     tok.add_argument("--data", default="offline-mix", choices=("offline-mix",), help="the tokenizer's corpus")

@@ -56,6 +56,8 @@ def test_without_a_registered_compiler_the_core_names_the_extra(model64, char_to
     from wedlm_hf.modeling import grammar_commit
 
     monkeypatch.setattr(grammar_commit, "entry_points", lambda group: [])
+    grammar_commit._compilers.cache_clear()
+    monkeypatch.setattr(grammar_commit, "_compilers", grammar_commit._compilers.__wrapped__)
     with pytest.raises(ValueError, match=r"pip install 'wedlm-hf\[grammar\]'"):
         wedlm(model64, char_tokenizer, grammar=SCHEMA, tokenizer=char_tokenizer)
     # A compiled grammar needs no compiler.

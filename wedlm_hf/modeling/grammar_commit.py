@@ -16,6 +16,7 @@ Stop tokens are the decoder's business, not the grammar's: one may commit only w
 (what `generate(grammar=...)` is given, compiled) is anything with `matcher()`, which returns a fresh state.
 """
 
+from functools import lru_cache
 from importlib.metadata import entry_points
 
 import torch
@@ -29,13 +30,19 @@ def compile_grammar(spec, tokenizer, vocab_size: int):
     """A compiled grammar for `spec`: itself when it is one already, else the registered compiler's result."""
     if hasattr(spec, "matcher"):
         return spec
-    compilers = sorted(entry_points(group=COMPILER_GROUP), key=lambda ep: ep.name)
+    compilers = _compilers()
     if not compilers:
         raise ValueError(
             "grammar= takes a JSON schema, regular expression or grammar only where wedlm-hf is installed with "
             "its grammar extra: pip install 'wedlm-hf[grammar]' (or pass a compiled grammar object)."
         )
-    return compilers[0].load()(spec, tokenizer, vocab_size)
+    return compilers[0](spec, tokenizer, vocab_size)
+
+
+@lru_cache(maxsize=1)
+def _compilers() -> list:
+    """The registered compilers, loaded once (reading the installed packages' metadata takes milliseconds)."""
+    return [ep.load() for ep in sorted(entry_points(group=COMPILER_GROUP), key=lambda ep: ep.name)]
 
 
 def valid_prefix(grammar, tokens: list[int], stop_ids: frozenset[int]) -> int:
