@@ -13,7 +13,7 @@ import torch
 import yaml
 from conftest import EOS_ID, MASK_ID, build_model, peaky, prompts, run_without_wedlm_hf, tiny_config
 from huggingface_hub import HfApi
-from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, pipeline
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, pipeline
 
 from wedlm_hf import WeDLMConfig, WeDLMForCausalLM, generate_wedlm
 from wedlm_hf.cli import main as cli
@@ -147,6 +147,17 @@ def test_reexport_of_a_released_checkpoint(tmp_path):
     kwargs = dict(strategy="wedlm", max_new_tokens=6, eos_token_id=None)
     model.config.mask_token_id = 151665
     assert torch.equal(reloaded.generate(ids, **kwargs), model.generate(ids, **kwargs))
+
+
+def test_released_checkpoint_loads_as_this_package_and_decodes_with_the_released_mask_id(tmp_path):
+    """The README's released-checkpoint example: with wedlm_hf imported, AutoModelForCausalLM (no trust_remote_code)
+    builds wedlm_hf's class, not the authors' remote code, and `mask_token_id=151665` stands in for the null config."""
+    model = released_checkpoint(tmp_path / "released")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "released")
+    assert type(loaded) is WeDLMForCausalLM and loaded.config.mask_token_id is None
+    ids = torch.randint(0, 1000, (1, 6))
+    kwargs = dict(strategy="wedlm", max_new_tokens=6, eos_token_id=None, mask_token_id=151665)
+    assert torch.equal(loaded.generate(ids, **kwargs), model.generate(ids, **kwargs))
 
 
 def test_export_errors_say_what_to_do(tmp_path):

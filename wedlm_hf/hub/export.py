@@ -147,6 +147,15 @@ def export_checkpoint(
     recipe: str | None = None,
     overwrite: bool = False,
 ) -> Path:
+    """Writes a Hub-ready copy of a WeDLM checkpoint: weights, this package's remote code, generation config, card.
+
+    `source`: a WeDLM checkpoint folder with safetensors weights, also a released one (`mask_token_id: null`, the
+    authors' remote code). `destination`: the folder to write, whole or not at all; one that already holds files
+    is refused unless `overwrite=True`, which removes the earlier checkpoint's weights. `mask_token_id`: used
+    when the config gives none (else the tokenizer's mask token, else 151665 for the released Qwen-based models).
+    `repo_id`, `base_model`, `summary`, `recipe`: what the model card shows. Returns the destination.
+    `wedlm-hf export` runs it; docs/hub.md describes the folder.
+    """
     src, dst = Path(source), Path(destination)
     if not (src / "config.json").exists():
         raise FileNotFoundError(f"{src} has no config.json: point `wedlm-hf export` at a checkpoint folder.")

@@ -38,7 +38,10 @@ def check_sizes(values: dict, config_file) -> None:
 @strict  # rebuilds the field validators: `head_dim` may be None here, unlike in Qwen3Config
 class WeDLMConfig(Qwen3Config):
     r"""
-    Configuration of a WeDLM model. Every Qwen3 field is accepted; these differ or are new:
+    Configuration of a WeDLM model: a Qwen3 config plus the attention switches and mask token of WeDLM checkpoints.
+
+    Loads the released Qwen2.5- and Qwen3-based WeDLM configs as they are. Every Qwen3 field is accepted; these
+    differ or are new:
 
     attention_bias (`bool`, defaults to `True`):
         Bias on the q/k/v projections (Qwen2.5 style). `o_proj` never has a bias in WeDLM checkpoints.

@@ -120,7 +120,7 @@ def generate_wedlm(
     grammar=None,
     **kwargs,
 ):
-    """Streaming parallel decoding with `generate`'s arguments.
+    """WeDLM streaming parallel decoding of any causal LM, with `generate`'s arguments: `generate(strategy="wedlm")`.
 
     WeDLM arguments (each defaults to the generation config's value, then to the built-in default):
         wedlm_window_size (int, 16): uncommitted slots kept in the window.

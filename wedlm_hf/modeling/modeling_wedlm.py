@@ -118,6 +118,14 @@ class WeDLMModel(WeDLMPreTrainedModel, Qwen3Model):
 
 
 class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
+    """A WeDLM language model: `generate(strategy="wedlm")` decodes several tokens per forward, plain `generate()` AR.
+
+    Weight names are Qwen2/Qwen3's, so released WeDLM checkpoints load as they are; `from_pretrained` also checks
+    the weights against `qk_norm` / `attention_bias` and refuses a broken `generation_config.json`. Given a
+    `DualStreamCollator` batch, `forward` returns the dual-stream training loss (`loss`, `ar_loss`, `mlm_loss`).
+    The WeDLM arguments of `generate`: `help(wedlm_hf.generate_wedlm)` and docs/usage.md.
+    """
+
     # The dual-stream loss is a normalised mean per batch; let Trainer scale it for gradient accumulation.
     accepts_loss_kwargs = False
 

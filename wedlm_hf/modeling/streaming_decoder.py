@@ -248,7 +248,9 @@ class DecodingRow:
 
 
 class StreamingDecoder:
-    """Decodes rows on one shared cache, one forward per `step()`; see `generate_wedlm` for generate's front.
+    """The WeDLM decoding loop: rows that join and leave at any step share one cache, one forward per `step()`.
+
+    It runs under `generate_wedlm` (generate's front: arguments, checks, output) and under `wedlm-hf serve`.
 
     add(prompt, settings) -> row joins at the next step; step() -> the rows that committed or finished;
     finish(row, keep) ends a row early (a stopping criterion, a cancelled request).

@@ -3,7 +3,7 @@
 Servers: `wedlm` = `wedlm-hf serve` (continuous batching, max batch 16); `wedlm-b1` = the same limited to batch size
 1; `tf` / `tf-cb` = `transformers serve` (AR, without / with `--continuous-batching`) on the same weights saved as a
 stock Qwen3 checkpoint. `transformers serve` needs transformers >= 5.24, newer than the suite's, so it runs from
-another Python (`--transformers-serve-python`, e.g. a venv made as the README shows); without it those rows are
+another Python (`--transformers-serve-python`, e.g. a venv made as docs/benchmarks.md shows); without it those rows are
 skipped. Each server is started, warmed up (one request, then one burst at the highest concurrency, untimed),
 measured at every concurrency level (each client sends `--requests` greedy /v1/completions requests one after the
 other, streamed), and stopped before the next starts. Reported: requests/s and output tokens/s over the level's

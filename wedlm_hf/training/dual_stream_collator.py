@@ -16,7 +16,10 @@ MIN_GAMMA = 1e-3  # keeps 1/gamma finite
 
 @dataclass
 class DualStreamCollator:
-    """Collates features `{"input_ids": [...], "prompt_mask": [...] (optional, 1 = prompt, never masked)}`.
+    """Batches token sequences for WeDLM training: each row becomes `[x0 ; xt]`, a clean and a masked stream.
+
+    Features: `{"input_ids": [...], "prompt_mask": [...] (optional, 1 = prompt, never masked)}`; the masking, the
+    attention and the loss are docs/algorithm.md section 4.
 
     Output keys: input_ids, position_ids (B, 2L); attention_mask (B, 1, 2L, 2L) bool, True = may attend;
     labels (B, 2L), already aligned (x0 rows: the next token, xt rows: the original token at masked rows);
