@@ -77,3 +77,15 @@ def test_lossless_equals_ar_with_the_processor(shipped):
         **inputs, strategy="wedlm", wedlm_lossless=True, grammar=SCHEMAS, tokenizer=tokenizer, max_new_tokens=120
     )
     assert torch.equal(wedlm, ar)
+
+
+def test_a_forced_string_is_filled_whole(shipped):
+    """llguidance alone stops before ' "' (a token that could merge with what follows); the forced string is
+    spelled out to its end, as far as the grammar accepts it."""
+    model, tokenizer = shipped
+    from wedlm_hf.structured import compile_grammar
+
+    state = compile_grammar(RECORD, tokenizer, model.config.vocab_size).matcher()
+    forced = state.forced()
+    assert tokenizer.decode(forced) == '{"name": "'
+    assert state.accepted(forced) == len(forced)

@@ -38,10 +38,11 @@ class GrammarState:
     business: `allowed()` and `forced()` leave out the tokenizer's end-of-text tokens, and the decoder lets a stop
     token commit only where `accepting()`."""
 
-    def __init__(self, matcher, vocab_size: int, end_tokens: list[int]):
+    def __init__(self, matcher, vocab_size: int, end_tokens: list[int], tokenizer=None):
         self._matcher = matcher
         self.vocab_size = vocab_size
         self._end = end_tokens
+        self._tokenizer = tokenizer  # llguidance's, to spell out forced bytes
 
     def accepted(self, tokens: list[int]) -> int:
         return self._matcher.validate_tokens(tokens) if tokens else 0
@@ -55,9 +56,19 @@ class GrammarState:
             raise RuntimeError(f"The grammar could not roll back {count} tokens: {self._matcher.get_error()}")
 
     def forced(self) -> list[int]:
+        """The grammar's forced string as tokens: llguidance's forced tokens (those no continuation can re-split),
+        then the rest of the forced bytes as the tokenizer spells them, as far as the grammar accepts them (a
+        fixed string is filled whole, though what follows might have merged with its last token)."""
         tokens = self._matcher.compute_ff_tokens()
         end = next((i for i, token in enumerate(tokens) if token in self._end), len(tokens))
-        return tokens[:end]
+        tokens = tokens[:end]
+        if self._tokenizer is not None:
+            forced = self._matcher.compute_ff_bytes()
+            done = len(self._tokenizer.decode_bytes(tokens))
+            if len(forced) > done:
+                tokens = tokens + self._tokenizer.tokenize_bytes(forced[done:])
+                tokens = tokens[: self._matcher.validate_tokens(tokens)]
+        return tokens
 
     def allowed(self) -> torch.Tensor:
         words = torch.frombuffer(bytearray(self._matcher.compute_bitmask()), dtype=torch.int32)
@@ -75,15 +86,16 @@ class Grammar:
     """A grammar compiled for one tokenizer and vocabulary, what `generate(grammar=...)` and the server decode
     under: `matcher()` gives each row a fresh `GrammarState`. Make one with `compile_grammar` (cached by spec)."""
 
-    def __init__(self, template, vocab_size: int, end_tokens: list[int], kind: str, source: str):
+    def __init__(self, template, vocab_size: int, end_tokens: list[int], kind: str, source: str, tokenizer=None):
         self._template = template
+        self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.end_tokens = end_tokens
         self.kind = kind
         self.source = source
 
     def matcher(self) -> GrammarState:
-        return GrammarState(self._template.deep_copy(), self.vocab_size, self.end_tokens)
+        return GrammarState(self._template.deep_copy(), self.vocab_size, self.end_tokens, self._tokenizer)
 
     def __repr__(self) -> str:
         text = self.source if len(self.source) <= 60 else self.source[:57] + "..."
@@ -142,7 +154,7 @@ def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Gram
     template = llguidance.LLMatcher(ll_tokenizer, definition, log_level=0)
     if template.is_error():
         raise ValueError(f"grammar= ({kind}) cannot be compiled: {template.get_error()}")
-    grammar = Grammar(template, vocab_size, list(ll_tokenizer.eos_tokens), kind, text)
+    grammar = Grammar(template, vocab_size, list(ll_tokenizer.eos_tokens), kind, text, ll_tokenizer)
     _compiled[key] = grammar
     if len(_compiled) > CACHE_SIZE:
         _compiled.popitem(last=False)
