@@ -55,7 +55,14 @@ SCHEMAS = {
     ),
 }
 PROMPTS = ["record = ", "def load(path):\n    data = ", "# one entry per line\nentry = "]
-DECODERS = ("AR + processor", "WeDLM + grammar", "lossless + grammar")
+# name -> generate() arguments beside the grammar; W = 4 as well as the default 16: under a grammar most tokens are
+# forced, and on a CPU every mask fed costs (docs/benchmarks.md says how much).
+DECODERS = {
+    "AR + processor": {},
+    "WeDLM + grammar": dict(strategy="wedlm"),
+    "WeDLM + grammar W=4": dict(strategy="wedlm", wedlm_window_size=4),
+    "lossless + grammar": dict(strategy="wedlm", wedlm_lossless=True),
+}
 
 
 def run_structured_benchmark(model_path: str, new_tokens: int = 96, repeats: int = 3, threads: int = 1, log=print):
@@ -73,10 +80,7 @@ def run_structured_benchmark(model_path: str, new_tokens: int = 96, repeats: int
             processor = GrammarLogitsProcessor(schema, tokenizer, vocab_size=vocab)
             out = model.generate(ids, do_sample=False, logits_processor=[processor], **common)
         else:
-            lossless = decoder == "lossless + grammar"
-            out = model.generate(
-                ids, strategy="wedlm", wedlm_lossless=lossless, grammar=schema, tokenizer=tokenizer, **common
-            )
+            out = model.generate(ids, grammar=schema, tokenizer=tokenizer, **DECODERS[decoder], **common)
         stats = getattr(out, "wedlm_stats", None)
         return out.sequences[0, ids.shape[1] :].tolist(), stats[0] if stats else None
 
@@ -94,7 +98,8 @@ def run_structured_benchmark(model_path: str, new_tokens: int = 96, repeats: int
 
     best = {}
     for r in range(repeats):
-        order = DECODERS[r % len(DECODERS) :] + DECODERS[: r % len(DECODERS)]
+        names = list(DECODERS)
+        order = names[r % len(names) :] + names[: r % len(names)]
         for item in items:
             for decoder in order:
                 start = time.perf_counter()
@@ -159,10 +164,10 @@ def _complete(tokens: list[int], tokenizer, schema: dict, vocab: int) -> bool:
 
 
 def format_table(rows: dict) -> str:
-    head = f"{'decoder':<20}{'tokens':>7}{'forwards':>9}{'tok/fwd':>8}{'tok/s':>8}{'vs AR':>7}"
+    head = f"{'decoder':<22}{'tokens':>7}{'forwards':>9}{'tok/fwd':>8}{'tok/s':>8}{'vs AR':>7}"
     lines = [head + f"{'forced':>8}{'constr.':>8}{'model':>7}"]
     for decoder, r in rows.items():
-        line = f"{decoder:<20}{r['tokens']:>7}{r['forwards']:>9}{r['tokens_per_forward']:>8.2f}"
+        line = f"{decoder:<22}{r['tokens']:>7}{r['forwards']:>9}{r['tokens_per_forward']:>8.2f}"
         line += f"{r['tokens_per_s']:>8.0f}{r['vs_ar']:>6.2f}x"
         if "forced" in r:
             line += f"{r['forced']:>8}{r['constrained']:>8}{r['model']:>7}"

@@ -532,6 +532,7 @@ class StreamingDecoder:
 
 
 MAX_PROBE_WAIT = 64
+MAX_FORCED = 64  # forced tokens placed per step and row, beyond the window (a grammar's fixed string)
 
 
 @dataclass
@@ -620,9 +621,11 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
             return
         grammar.advance([window[0].token])
         slot = consumed = 1
-    limit = min(settings.max_new_tokens - len(row.generated), settings.window_size + slot)
+    room = settings.max_new_tokens - len(row.generated)
+    limit = min(room, settings.window_size + slot)  # fills beyond W are never made; forced tokens cost no guess
     while slot < limit:
-        forced = grammar.forced()[: limit - slot]
+        forced = grammar.forced()[: min(room, slot + MAX_FORCED) - slot]
+        limit = min(room, max(limit, slot + len(forced)))
         for token in forced:
             if slot == len(window):
                 window.append(None)
