@@ -13,6 +13,7 @@ The package is a core and wings around it:
 - `data/`: the shipped model's corpus, tasks and tokenizer, and `default_model_path()`.
 - `hub/`: export, model cards, push, `custom_generate`.
 - `evaluation/`: `evaluate`, `bench`, the no-cache baseline, the `generate` demo.
+- `structured/`: grammars for structured output (llguidance), found by the core through an entry point.
 - `cli.py`: the `wedlm-hf` command, parsing and dispatch only.
 
 Wings import the core, never the reverse.
@@ -39,7 +40,7 @@ _EXPORTS = {
     "default_model_path": "data",
     "generate_wedlm": "modeling",
 }
-_SUBPACKAGES = ("modeling", "training", "data", "hub", "evaluation")
+_SUBPACKAGES = ("modeling", "training", "data", "hub", "evaluation", "structured")
 
 __all__ = sorted(_EXPORTS)
 

@@ -228,3 +228,13 @@ def test_rows_with_and_without_a_grammar_share_a_batch(model, char_tokenizer):
     for b, grammar in enumerate(grammars):
         alone = generate(model, char_tokenizer, grammar, batch=1, max_new_tokens=60, prompts=[PROMPTS[b]])
         assert until_stop(mixed[b]) == until_stop(alone[0])
+
+
+def test_the_static_cache_decodes_under_a_grammar_as_the_dynamic_one(model, char_tokenizer):
+    grammars = [SCHEMAS[6], ("regex", REGEXES[2]), None]
+    for mode in ("default", "lossless"):
+        dynamic = generate(model, char_tokenizer, grammars, batch=3, max_new_tokens=80, **MODES[mode])
+        static = generate(
+            model, char_tokenizer, grammars, batch=3, max_new_tokens=80, cache_implementation="static", **MODES[mode]
+        )
+        assert static == dynamic
