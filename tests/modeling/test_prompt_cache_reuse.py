@@ -157,3 +157,14 @@ def test_refusals(model64):
     del short.layers[1:]
     with pytest.raises(ValueError, match="4 columns for each of this model's 2 layers"):
         model64.generate(ids, attention_mask=mask, **COMMON, **{CACHE_KWARG: short})
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
+def test_rows_under_a_grammar_reuse_the_cache_too(model64, char_tokenizer, lossless):
+    pytest.importorskip("llguidance")
+    ids, mask = prompts(2, lengths=(9, 6))
+    settings = COMMON | {"wedlm_lossless": lossless, "grammar": ("regex", r"[a-z]{2,5}@[a-z]{2,4}\.(com|org)")}
+    want = model64.generate(ids, attention_mask=mask, tokenizer=char_tokenizer, **settings)
+    cache = prefill(model64, ids, mask, 7)
+    got = model64.generate(ids, attention_mask=mask, tokenizer=char_tokenizer, **settings, **{CACHE_KWARG: cache})
+    assert_same_output(got, want)
