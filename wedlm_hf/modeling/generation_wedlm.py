@@ -26,6 +26,7 @@ from transformers.generation import (
 
 from .batch_stopping import BatchStoppingCriteria
 from .grammar_commit import allowed_tokens, compile_grammar
+from .ragged_cache import CACHE_KWARG
 from .slot_cache import SlotCache
 from .streaming_decoder import DecodingSettings, StreamingDecoder, WeDLMStats
 from .window_filling import FillSampler
@@ -139,6 +140,10 @@ def generate_wedlm(
             `("lark", grammar)`, `("ebnf", grammar)`, a compiled `wedlm_hf.structured.Grammar` or an
             `llguidance.LLMatcher`; a list gives one per row (None: free text). Needs `tokenizer` and the
             `grammar` extra, except for compiled grammars.
+        cache (`past_key_values` before transformers 5.24): an empty DynamicCache, or one holding a prompt's K/V to
+            reuse (transformers' prompt reuse): its n columns are those of input_ids[:, :n], which are then not fed
+            again (one cache row serves every prompt row). A passed cache ends up holding the returned `cache`
+            (deepcopy a prompt cache you mean to reuse).
     Returns a LongTensor (batch, T + new) or, with `return_dict_in_generate=True`, a `WeDLMGenerateOutput`. With
     `output_logits` / `output_scores` it holds, per generated position, the model's AR logits there given the
     committed text (the rows WeDLM decoding computes anyway in lossless mode; only the committed run's rows, only
@@ -182,6 +187,7 @@ def generate_wedlm(
     input_ids = input_ids.to(device)
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     _validate_padding(input_ids, attention_mask)
+    prefixes = _prompt_prefixes(model, past_key_values, input_ids, attention_mask)
     model._prepare_special_tokens(config, True, device=device)
     max_new_tokens = _max_new_tokens(config, input_ids.shape[1])
     longest = int(attention_mask.sum(1).max())
@@ -213,6 +219,7 @@ def generate_wedlm(
     grammars = _row_grammars(grammar, len(input_ids), tokenizer, model)
     if config.num_return_sequences and config.num_return_sequences > 1:
         grammars = [g for g in grammars for _ in range(config.num_return_sequences)]
+        prefixes = [p for p in prefixes for _ in range(config.num_return_sequences)]
         input_ids = input_ids.repeat_interleave(config.num_return_sequences, dim=0)
         attention_mask = attention_mask.repeat_interleave(config.num_return_sequences, dim=0)
     if streamer is not None and input_ids.shape[0] != 1:
@@ -235,18 +242,18 @@ def generate_wedlm(
         context_ngram=context_ngram,
         keep_logits=bool(config.return_dict_in_generate and (config.output_scores or config.output_logits)),
     )
-    decode_cache = past_key_values
+    decode_cache = None if _is_prompt_cache(past_key_values) else past_key_values  # read now, refilled at the end
     if config.cache_implementation == "static" or isinstance(past_key_values, StaticCache):
         tokens = longest + max_new_tokens
-        decode_cache = _slot_cache(model, config, past_key_values, len(input_ids), tokens)
+        decode_cache = _slot_cache(model, config, decode_cache, len(input_ids), tokens)
     else:
         model._valid_auto_compile_criteria({"past_key_values": decode_cache, "cache": decode_cache}, config)  # warns
     decoder = StreamingDecoder(
         model, mask_token_id, keep_cache=bool(config.return_dict_in_generate), cache=decode_cache
     )
     rows = [
-        decoder.add(input_ids[b][attention_mask[b].bool()].tolist(), settings, grammar=g and g.matcher())
-        for b, g in enumerate(grammars)
+        decoder.add(input_ids[b][attention_mask[b].bool()].tolist(), settings, prefix=p, grammar=g and g.matcher())
+        for b, (g, p) in enumerate(zip(grammars, prefixes))
     ]
     stopping = BatchStoppingCriteria(criteria, input_ids, pad_token_id)
     if streamer is not None:
@@ -343,7 +350,11 @@ def _slot_cache(model, config, given, rows: int, tokens: int) -> SlotCache:
     )
     length = tokens
     if given is not None:
-        _refuse(given.get_seq_length() != 0, "a StaticCache that is not empty", "pass a new or reset() StaticCache")
+        _refuse(
+            given.get_seq_length() != 0,
+            "a StaticCache that is not empty",
+            "pass a new or reset() StaticCache (to reuse a prompt's K/V, pass them in a DynamicCache)",
+        )
         capacity = given.get_max_length() if hasattr(given, "get_max_length") else given.get_max_cache_shape()
         _refuse(
             capacity < length,
@@ -437,12 +448,15 @@ def _validate_config(config, past_key_values) -> None:
     _refuse(
         past_key_values is not None and not isinstance(past_key_values, (DynamicCache, StaticCache)),
         f"this cache ({type(past_key_values).__name__})",
-        "pass an empty DynamicCache or StaticCache, or none",
+        "pass a DynamicCache (empty, or holding a prompt's K/V to reuse), an empty StaticCache, or none",
     )
     _refuse(
-        isinstance(past_key_values, DynamicCache) and config.cache_implementation == "static",
+        isinstance(past_key_values, DynamicCache)
+        and config.cache_implementation == "static"
+        and not _is_prompt_cache(past_key_values),
         "a DynamicCache with cache_implementation='static'",
-        "pass a StaticCache, or no cache",
+        "pass a StaticCache, or no cache (a DynamicCache goes with it only as a prompt cache to reuse, and this one "
+        "is empty)",
     )
     for option in ("output_attentions", "output_hidden_states", "token_healing"):
         _refuse(bool(getattr(config, option, None)), f"{option}=True", "it is not produced by WeDLM decoding; drop it")
@@ -493,10 +507,70 @@ def _stopping_criteria(config, stopping_criteria, tokenizer) -> list:
     return criteria
 
 
+def _is_prompt_cache(cache) -> bool:
+    return isinstance(cache, DynamicCache) and cache.get_seq_length() > 0
+
+
+def _prompt_prefixes(model, cache, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list:
+    """Per prompt row, the K/V a passed prompt cache holds for the row's first tokens (per layer (heads, n, head_dim),
+    for `StreamingDecoder.add(prefix=)`), or None.
+
+    transformers' prompt reuse: a cache of n columns holds the K/V of input_ids[:, :n], so under left padding row b
+    (real tokens from column s_b on) takes columns s_b..n-1. Trailing all-zero columns are left out, to be fed again:
+    they are where the cache `generate(strategy="wedlm")` returns has no K/V (a lossless row's last token).
+    """
+    batch, width = input_ids.shape
+    if not _is_prompt_cache(cache):
+        return [None] * batch
+    n = cache.get_seq_length()
+    name = f"the cache (`{CACHE_KWARG}`)"
+    if n >= width:
+        raise ValueError(
+            f"generate(strategy='wedlm'): {name} holds {n} tokens and input_ids has {width} columns, so "
+            + (
+                "the cache covers the whole prompt; append the new tokens to input_ids (a prompt cache holds the "
+                f"K/V of input_ids[:, :n]), or crop it to leave at least one: cache.crop({width - 1})."
+                if n == width
+                else "it is longer than the prompt: pass the full prompt (the cached tokens, then the new ones) as "
+                "input_ids, or a cache of this prompt's first tokens."
+            )
+        )
+    layers = [(layer.keys, layer.values) for layer in cache.layers]
+    text = model.config.get_text_config()
+    if len(layers) != text.num_hidden_layers or any(k is None or k.shape[2] != n for k, _ in layers):
+        raise ValueError(
+            f"generate(strategy='wedlm'): {name} does not hold {n} columns for each of this model's "
+            f"{text.num_hidden_layers} layers: prefill it with this model (model(prefix_ids, {CACHE_KWARG}=cache))."
+        )
+    rows = layers[0][0].shape[0]
+    if rows not in (1, batch):
+        raise ValueError(
+            f"generate(strategy='wedlm'): {name} holds {rows} rows for {batch} prompts: prefill it with one row "
+            "(shared by every prompt) or one row per prompt (input_ids' rows, before num_return_sequences)."
+        )
+    start = (width - attention_mask.sum(1)).tolist()
+    cached = [b for b in range(batch) if start[b] < n]
+    head = input_ids[:, :n] * attention_mask[:, :n]
+    if rows == 1 and any(start[b] != start[cached[0]] or not torch.equal(head[b], head[cached[0]]) for b in cached):
+        raise ValueError(
+            f"generate(strategy='wedlm'): {name} has one row, the K/V of one token sequence, but the prompts differ "
+            f"in their first {n} columns (tokens or left padding): give prompts that agree there, or a cache with "
+            "one row per prompt."
+        )
+    prefixes = []
+    for b in range(batch):
+        r, s = (0 if rows == 1 else b), start[b]
+        computed = (layers[0][0][r, :, s:n] != 0).any(-1).any(0).nonzero()
+        end = s + int(computed[-1]) + 1 if len(computed) else s
+        prefixes.append([(k[r, :, s:end], v[r, :, s:end]) for k, v in layers] if end > s else None)
+    return prefixes
+
+
 def _aligned_cache(rows, attention_mask: torch.Tensor, width: int, cache: DynamicCache | None) -> DynamicCache:
     """Every row's committed K/V placed at the columns its tokens occupy in `sequences` (zeros elsewhere).
 
-    A cache passed in by the caller served as the decoder's scratch; it is refilled with this layout and returned.
+    A cache passed in by the caller (the decoder's scratch, or a prompt cache it read) is refilled with this layout
+    and returned, as transformers' generate extends the cache it is given.
     """
     out = cache if cache is not None else DynamicCache()
     out.reset()
