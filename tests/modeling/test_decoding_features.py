@@ -148,6 +148,8 @@ def test_stats_count_forwards_tokens_and_rows(model64):
         "rejected_drafts",
         "accepted_context_drafts",
         "rejected_context_drafts",
+        "forced_tokens",
+        "constrained_tokens",
         "acceptance_rate",
     }
     assert stats.accepted_drafts == stats.rejected_drafts == 0 and stats.acceptance_rate is None  # not lossless

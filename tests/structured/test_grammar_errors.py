@@ -3,7 +3,6 @@
 import sys
 
 import pytest
-import torch
 from conftest import EOS_ID
 
 from wedlm_hf.structured import Grammar, compile_grammar
@@ -95,14 +94,16 @@ class _Spelled:
 
 def test_a_grammar_that_is_complete_without_a_stop_token_ends_the_row(model64, char_tokenizer):
     inputs = char_tokenizer(["x"], return_tensors="pt")
-    out = model64.generate(
-        **inputs,
-        strategy="wedlm",
-        max_new_tokens=20,
-        eos_token_id=None,
-        pad_token_id=EOS_ID,
-        grammar=("regex", "abc"),
-        tokenizer=char_tokenizer,
-    )
-    assert char_tokenizer.decode(out[0, 1:].tolist()) == "abc"
-    assert torch.is_tensor(out)
+    for lossless, do_sample in ((False, False), (True, False), (False, True), (True, True)):
+        out = model64.generate(
+            **inputs,
+            do_sample=do_sample,
+            strategy="wedlm",
+            max_new_tokens=20,
+            eos_token_id=None,
+            pad_token_id=EOS_ID,
+            grammar=("regex", "a[bc]d"),
+            tokenizer=char_tokenizer,
+            wedlm_lossless=lossless,
+        )
+        assert char_tokenizer.decode(out[0, 1:].tolist()) in ("abd", "acd")

@@ -582,7 +582,8 @@ def _restrict_to_grammar(row: DecodingRow, logits: torch.Tensor, columns: list[i
         tokens = tokens[: next((i for i, t in enumerate(tokens) if t in stop_ids), len(tokens))]
         allowed = allowed_along(grammar, tokens, stop_ids)
     for column, mask in zip(columns, allowed):
-        logits[column] = restrict(logits[column], mask)
+        if mask.any():  # where nothing is allowed (complete, no stop token) the row ends before this choice counts
+            logits[column] = restrict(logits[column], mask)
 
 
 def _commit_valid(row: DecodingRow, run: int) -> int:
@@ -619,8 +620,19 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
     if settings.lossless:
         if not window or not window[0].final or window[0].token in stop_ids:
             return
+        if not allowed_tokens(grammar, stop_ids).any():  # complete, no stop token: AR's token there is no choice
+            row.window.clear()
+            row.done, row.finish_reason = True, "stop"
+            return
         grammar.advance([window[0].token])
+        if not allowed_tokens(grammar, stop_ids).any():  # AR's token completes it and no stop token is set
+            grammar.rollback(1)
+            row.commit(1)
+            row.done, row.finish_reason = True, row.finish_reason or "stop"
+            return
         slot = consumed = 1
+    elif window and window[0] is not None:  # a fill from this step's masks: AR's restricted choice is better
+        window[0] = None
     room = settings.max_new_tokens - len(row.generated)
     limit = min(room, settings.window_size + slot)  # fills beyond W are never made; forced tokens cost no guess
     while slot < limit:
@@ -650,8 +662,9 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
         if scores is None or (settings.lossless and settings.sampler.do_sample):
             break
         allowed = allowed_tokens(grammar, stop_ids)
-        if not allowed.any():  # complete, and no stop token is set: the text ends here
-            row.done, row.finish_reason = first or row.done, "stop" if first else row.finish_reason
+        if not allowed.any():  # complete, and no stop token is set: the text ends here (a fill before it commits)
+            if first:
+                row.done, row.finish_reason = True, "stop"
             break
         restricted = restrict(scores.float()[None], allowed)
         threshold = settings.entropy_threshold

@@ -45,7 +45,8 @@ class GrammarState:
         self._tokenizer = tokenizer  # llguidance's, to spell out forced bytes
 
     def accepted(self, tokens: list[int]) -> int:
-        return self._matcher.validate_tokens(tokens) if tokens else 0
+        end = next((i for i, token in enumerate(tokens) if token in self._end), len(tokens))
+        return self._matcher.validate_tokens(tokens[:end]) if end else 0
 
     def advance(self, tokens: list[int]) -> None:
         if tokens and not self._matcher.consume_tokens(tokens):
