@@ -287,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--new-tokens", type=positive_int, default=96, help="new tokens per prompt at most (eos stops)")
     bs.add_argument("--repeats", type=positive_int, default=3, help="timed runs per prompt (the best is kept)")
     bs.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
-    bs.add_argument("--json", default=None, metavar="FILE", help="also write the measurements to this file")
+    bs.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the measurements to this file (default: none)"
+    )
 
     tok = command("train-tokenizer", "train the byte-level BPE tokenizer of the shipped model")
     tok.add_argument("--data", default="offline-mix", choices=("offline-mix",), help="the tokenizer's corpus")
