@@ -130,6 +130,8 @@ def test_lossless_grammar_equals_ar_with_the_processor(model, char_tokenizer, wi
     )
     assert torch.equal(wedlm.sequences, ar)
     assert sum(s.forced_tokens for s in wedlm.wedlm_stats) > 0  # the grammar's fixed strings filled as drafts
+    # AR generate takes grammar= itself: the same processor.
+    assert torch.equal(model.generate(**inputs, grammar=grammars, tokenizer=char_tokenizer, **common), ar)
     assert sum(s.tokens for s in wedlm.wedlm_stats) > sum(s.forwards for s in wedlm.wedlm_stats)
 
 

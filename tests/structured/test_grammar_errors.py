@@ -39,8 +39,10 @@ def test_misuse_is_refused(model64, char_tokenizer):
     with pytest.raises(ValueError, match="one grammar \\(or None\\) per prompt: got 2 for 1"):
         wedlm(model64, char_tokenizer, grammar=[SCHEMA, None], tokenizer=char_tokenizer)
     inputs = char_tokenizer(["x"], return_tensors="pt")
-    with pytest.raises(ValueError, match="GrammarLogitsProcessor"):
-        model64.generate(**inputs, max_new_tokens=4, grammar=SCHEMA)
+    with pytest.raises(ValueError, match="pass tokenizer="):  # AR decoding takes grammar= too, on the same terms
+        model64.generate(**inputs, max_new_tokens=4, grammar=SCHEMA, eos_token_id=EOS_ID)
+    with pytest.raises(ValueError, match="needs the stop tokens a complete text ends with: set eos_token_id"):
+        model64.generate(**inputs, max_new_tokens=4, grammar=SCHEMA, tokenizer=char_tokenizer, eos_token_id=None)
     with pytest.raises(ValueError, match="vocabulary only 50"):
         compile_grammar(SCHEMA, char_tokenizer, vocab_size=50)
 

@@ -31,6 +31,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from .configuration_wedlm import WeDLMConfig
 from .dual_stream_loss import additive_attention_mask, dual_stream_loss
 from .generation_wedlm import STRATEGIES, ensure_wedlm_generation_defaults, generate_wedlm, resolve_strategy
+from .grammar_commit import with_grammar
 from .loading_checks import check_attention_weights, check_checkpoint_files, unreadable_weights
 from .ragged_cache import CACHE_KWARG
 
@@ -219,11 +220,9 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
         strategy = resolve_strategy(strategy, kwargs.get("generation_config"), self.generation_config)
         if strategy == "wedlm":
             return generate_wedlm(self, *args, **kwargs)
-        if kwargs.get("grammar") is not None:
-            raise ValueError(
-                "grammar= applies to strategy='wedlm'; for AR decoding pass "
-                "logits_processor=[wedlm_hf.structured.GrammarLogitsProcessor(grammar, tokenizer)] instead."
-            )
+        if kwargs.get("grammar") is not None:  # AR decoding under the grammar: its logits processor
+            kwargs = with_grammar(self, kwargs.pop("grammar"), kwargs)
+        kwargs.pop("grammar", None)
         wedlm_kwargs = sorted(k for k in kwargs if k.startswith("wedlm_"))
         if wedlm_kwargs:
             raise ValueError(
