@@ -164,6 +164,25 @@ def _check_generate(parser: argparse.ArgumentParser, args) -> None:
         parser.error(f"{' and '.join(given)} only apply to lossless decoding: add --lossless, or drop them")
 
 
+def _add_prompt_bench_args(parser, new_tokens: int) -> None:
+    """The options the prompt benchmarks (bench-lossless, bench-structured) share."""
+    parser.add_argument(
+        "--model",
+        type=existing_folder,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: the shipped model)",
+    )
+    parser.add_argument(
+        "--new-tokens", type=positive_int, default=new_tokens, help="new tokens per prompt at most (eos stops)"
+    )
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per prompt (the best is kept)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the measurements to this file (default: none)"
+    )
+
+
 def _add_decoding_args(parser: argparse.ArgumentParser, tau: float = 0.4) -> None:
     parser.add_argument("--window-size", type=positive_int, default=16, help="W: uncommitted slots in the window")
     parser.add_argument(
@@ -255,20 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(bench, tau=1e9)  # accept every mask: measures the mechanics, not a model
 
     bl = command("bench-lossless", "lossless WeDLM vs AR generate vs prompt lookup decoding, per prompt family")
-    bl.add_argument(
-        "--model",
-        type=existing_folder,
-        default=None,
-        metavar="DIR",
-        help="checkpoint folder (default: the shipped model)",
-    )
     bl.add_argument("--prompts-per-family", type=positive_int, default=3, help="prompts of each family")
-    bl.add_argument("--new-tokens", type=positive_int, default=64, help="new tokens per prompt at most (eos stops)")
-    bl.add_argument("--repeats", type=positive_int, default=3, help="timed runs per prompt (the best is kept)")
-    bl.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
-    bl.add_argument(
-        "--json", default=None, metavar="FILE", help="also write the measurements to this file (default: none)"
-    )
+    _add_prompt_bench_args(bl, new_tokens=64)
     bl.add_argument(
         "--compiled",
         action="store_true",
@@ -277,19 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     bs = command("bench-structured", "WeDLM under a JSON schema vs AR generate with the grammar's logits processor")
-    bs.add_argument(
-        "--model",
-        type=existing_folder,
-        default=None,
-        metavar="DIR",
-        help="checkpoint folder (default: the shipped model)",
-    )
-    bs.add_argument("--new-tokens", type=positive_int, default=96, help="new tokens per prompt at most (eos stops)")
-    bs.add_argument("--repeats", type=positive_int, default=3, help="timed runs per prompt (the best is kept)")
-    bs.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
-    bs.add_argument(
-        "--json", default=None, metavar="FILE", help="also write the measurements to this file (default: none)"
-    )
+    _add_prompt_bench_args(bs, new_tokens=96)
 
     tok = command("train-tokenizer", "train the byte-level BPE tokenizer of the shipped model")
     tok.add_argument("--data", default="offline-mix", choices=("offline-mix",), help="the tokenizer's corpus")
