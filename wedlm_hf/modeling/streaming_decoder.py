@@ -292,6 +292,9 @@ class StreamingDecoder:
             index=self._count, prompt=list(prompt), settings=settings, prefix=prefix or None, grammar=grammar
         )
         row.prompt_fed = cached
+        if grammar is not None:  # what the grammar forces first is fed with the prompt and commits with it
+            forced = grammar.forced()[: min(settings.max_new_tokens, MAX_FORCED)]
+            row.window = [Fill(token, source="forced") for token in forced]
         self._count += 1
         self._joining.append(row)
         return row
@@ -385,7 +388,8 @@ class StreamingDecoder:
         ar_columns = {}
         for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
             if (row.settings.lossless or row.tracks_logits) and decode:
-                ar_columns[b] = [start - 1] if start else list(range(run))
+                # A joining row's last prompt token predicts slot 0; each run row the slot after it.
+                ar_columns[b] = ([start - 1] if start else []) + list(range(start, start + run))
         wanted = set(range(width - n_masks, width)).union(*ar_columns.values())
         columns = sorted(wanted) or [width - 1]
         device = self.kv.device
@@ -404,7 +408,7 @@ class StreamingDecoder:
             if row.tracks_logits:
                 own = logits[b, cs]
                 if starts[b]:  # a joining row's last prompt token predicts slot 0
-                    row.next_logits, row.step_logits = own[0], None
+                    row.next_logits, row.step_logits, row._taken = own[0], own[1:], 0
                 else:
                     row.step_logits, row._taken = own, 0
             if row.grammar is not None and row.settings.lossless:
@@ -439,7 +443,7 @@ class StreamingDecoder:
         return [row for row, n in zip(rows, kept) if n or row.done]
 
     def _verify_and_commit(self, row: DecodingRow, run: int, ar: ArPredictions) -> int:
-        """Lossless commit. `ar` holds the AR predictions for window slots 1..run (for a new row: slot 0). Slot 0
+        """Lossless commit. `ar` holds the AR predictions for window slots 1..run (for a new row: 0..run). Slot 0
         is the final token placed last step; each later draft commits only if AR agrees, and the AR token after the
         last accepted one becomes the next final token (at a rejection, in the draft's place, with every later fill
         discarded)."""
@@ -455,7 +459,7 @@ class StreamingDecoder:
         if not ends:
             for i in range(first, run):
                 slot = row.window[i]
-                replacement = ar.judge(i - 1, slot)
+                replacement = ar.judge(i - first, slot)
                 context = slot.source == "context"
                 checked[slot.source] += 1
                 if replacement is not None:
@@ -574,13 +578,12 @@ def _restrict_to_grammar(row: DecodingRow, logits: torch.Tensor, columns: list[i
     valid slots are used: a slot the grammar rejects is one AR (restricted) never chooses, so verification rejects
     it there."""
     grammar, stop_ids = row.grammar, row.settings.stop_ids
-    if joining:  # its one AR row, the prompt's last token, predicts slot 0
-        allowed = [allowed_tokens(grammar, stop_ids)]
-    else:
-        tokens = [slot.token for slot in row.window[:run]]
-        tokens = tokens[: valid_prefix(grammar, tokens, stop_ids)]
-        tokens = tokens[: next((i for i, t in enumerate(tokens) if t in stop_ids), len(tokens))]
-        allowed = allowed_along(grammar, tokens, stop_ids)
+    tokens = [slot.token for slot in row.window[:run]]
+    tokens = tokens[: valid_prefix(grammar, tokens, stop_ids)]
+    tokens = tokens[: next((i for i, t in enumerate(tokens) if t in stop_ids), len(tokens))]
+    allowed = allowed_along(grammar, tokens, stop_ids)
+    if joining:  # its first AR row, the prompt's last token, predicts slot 0
+        allowed = [allowed_tokens(grammar, stop_ids), *allowed]
     for column, mask in zip(columns, allowed):
         if mask.any():  # where nothing is allowed (complete, no stop token) the row ends before this choice counts
             logits[column] = restrict(logits[column], mask)
@@ -658,13 +661,23 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
                 continue
             window[slot] = None
         first = slot == 0
-        scores = row.next_logits if first else mask_logits.get(slot)
-        if scores is None or (settings.lossless and settings.sampler.do_sample):
-            break
         allowed = allowed_tokens(grammar, stop_ids)
         if not allowed.any():  # complete, and no stop token is set: the text ends here (a fill before it commits)
             if first:
                 row.done, row.finish_reason = True, "stop"
+            break
+        only = allowed.nonzero()[:2, 0].tolist()
+        if len(only) == 1:  # one token allowed (a stop where the text is complete): no guess needed
+            if slot == len(window):
+                window.append(None)
+            window[slot] = Fill(only[0], source="forced")
+            if only[0] in stop_ids:
+                break
+            grammar.advance(only)
+            slot, consumed = slot + 1, consumed + 1
+            continue
+        scores = row.next_logits if first else mask_logits.get(slot)
+        if scores is None or (settings.lossless and settings.sampler.do_sample):
             break
         restricted = restrict(scores.float()[None], allowed)
         threshold = settings.entropy_threshold
