@@ -9,6 +9,7 @@ grammars), and answers exactly the questions commit-time checking asks: how many
 """
 
 import json
+import threading
 import weakref
 from collections import OrderedDict
 
@@ -21,6 +22,7 @@ JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_sepa
 CACHE_SIZE = 256  # compiled grammars kept, by (tokenizer, vocabulary, kind, text)
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 _compiled: OrderedDict = OrderedDict()
+_lock = threading.Lock()  # the server compiles in worker threads
 _tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -142,12 +144,13 @@ def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Gram
     kind, text = parse_spec(spec)
     if tokenizer is None:
         raise ValueError("grammar= needs the tokenizer to compile a schema, regex or grammar: pass tokenizer=...")
-    ll_tokenizer = _ll_tokenizer(tokenizer)
-    vocab_size = _vocab_size(ll_tokenizer, vocab_size)
-    key = (id(ll_tokenizer), vocab_size, kind, text)
-    if key in _compiled:
-        _compiled.move_to_end(key)
-        return _compiled[key]
+    with _lock:
+        ll_tokenizer = _ll_tokenizer(tokenizer)
+        vocab_size = _vocab_size(ll_tokenizer, vocab_size)
+        key = (id(ll_tokenizer), vocab_size, kind, text)
+        if key in _compiled:
+            _compiled.move_to_end(key)
+            return _compiled[key]
     definition = _definition(llguidance.LLMatcher, kind, text)
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, ll_tokenizer)
     if failed:
@@ -156,9 +159,10 @@ def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Gram
     if template.is_error():
         raise ValueError(f"grammar= ({kind}) cannot be compiled: {template.get_error()}")
     grammar = Grammar(template, vocab_size, list(ll_tokenizer.eos_tokens), kind, text, ll_tokenizer)
-    _compiled[key] = grammar
-    if len(_compiled) > CACHE_SIZE:
-        _compiled.popitem(last=False)
+    with _lock:
+        _compiled[key] = grammar
+        if len(_compiled) > CACHE_SIZE:
+            _compiled.popitem(last=False)
     return grammar
 
 
