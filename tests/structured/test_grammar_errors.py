@@ -6,6 +6,7 @@ import pytest
 from conftest import EOS_ID
 
 from wedlm_hf.structured import Grammar, compile_grammar
+from wedlm_hf.structured.grammars import _ll_tokenizer
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -72,26 +73,12 @@ def test_compiled_grammars_are_cached_and_an_llguidance_matcher_is_taken_as_is(m
     first = compile_grammar(SCHEMA, char_tokenizer, 96)
     assert compile_grammar(dict(SCHEMA), char_tokenizer, 96) is first
     assert isinstance(first, Grammar) and "json_schema" in repr(first)
-    ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Spelled(char_tokenizer)))
+    ll_tokenizer = _ll_tokenizer(char_tokenizer)  # the one compile_grammar made for this tokenizer
     matcher = llguidance.LLMatcher(ll_tokenizer, llguidance.LLMatcher.grammar_from_regex("(yes|no)"), log_level=0)
     out = wedlm(model64, char_tokenizer, grammar=matcher, tokenizer=char_tokenizer, return_dict_in_generate=True)
     text = char_tokenizer.decode(out.sequences[0, 1:].tolist()).split("<eos>")[0]
     assert text in ("yes", "no")
     assert matcher.compute_ff_tokens() == [] and not matcher.is_accepting()  # the caller's matcher is not moved
-
-
-class _Spelled:
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
-        self.eos_token_id, self.bos_token_id = tokenizer.eos_token_id, None
-        self.special_token_ids = list(tokenizer.all_special_ids)
-        self.tokens = [
-            b"\xff" + bytes([i]) if i in self.special_token_ids else tokenizer.decode([i]).encode()
-            for i in range(len(tokenizer))
-        ]
-
-    def __call__(self, text):
-        return self._tokenizer.encode(text, add_special_tokens=False)
 
 
 def test_a_grammar_that_is_complete_without_a_stop_token_ends_the_row(model64, char_tokenizer):
