@@ -285,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bs = command("bench-structured", "WeDLM under a JSON schema vs AR generate with the grammar's logits processor")
     _add_prompt_bench_args(bs, new_tokens=96)
+    bs.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="skip the static-cache rows with torch.compile(model.forward) (compiling takes a minute or more)",
+    )
 
     tok = command("train-tokenizer", "train the byte-level BPE tokenizer of the shipped model")
     tok.add_argument("--data", default="offline-mix", choices=("offline-mix",), help="the tokenizer's corpus")

@@ -7,6 +7,7 @@ token, and every output against its grammar (it must parse as JSON and be comple
 committed tokens came from: forced by the grammar, chosen among its allowed tokens, or the model's own fills.
 """
 
+import contextlib
 import json
 import time
 
@@ -16,6 +17,7 @@ from transformers import AutoTokenizer
 from ..data import default_model_path
 from ..modeling import WeDLMForCausalLM
 from ..structured import GrammarLogitsProcessor, compile_grammar
+from .benchmark import compiled_forward, swapped_forward
 
 
 def _record(properties: dict) -> dict:
@@ -63,42 +65,65 @@ DECODERS = {
     "WeDLM + grammar W=4": dict(strategy="wedlm", wedlm_window_size=4),
     "lossless + grammar": dict(strategy="wedlm", wedlm_lossless=True),
 }
+# With `compiled` (the default): the fastest AR a user has, on the static cache under torch.compile(model.forward),
+# and WeDLM the same way.
+COMPILED_DECODERS = {
+    "AR + processor, compiled": dict(cache_implementation="static"),
+    "WeDLM W=4, compiled": dict(strategy="wedlm", wedlm_window_size=4, cache_implementation="static"),
+}
 
 
-def run_structured_benchmark(model_path: str, new_tokens: int = 96, repeats: int = 3, threads: int = 1, log=print):
+def run_structured_benchmark(
+    model_path: str,
+    new_tokens: int = 96,
+    repeats: int = 3,
+    threads: int = 1,
+    compiled: bool = True,
+    compile_backend: str = "inductor",
+    log=print,
+):
+    """`compiled`: also the COMPILED_DECODERS, with torch.compile's `compile_backend` ("eager": the plumbing only);
+    the untimed check pass is their warm-up, so compilation is never timed."""
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = WeDLMForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     vocab = model.config.vocab_size
     items = [(name, prompt) for name in SCHEMAS for prompt in PROMPTS]
+    decoders = {**DECODERS, **(COMPILED_DECODERS if compiled else {})}
+    compiled_call = compiled_forward(model, compile_backend) if compiled else None
 
     def decode(decoder: str, schema_name: str, prompt: str):
         schema = SCHEMAS[schema_name]
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         common = dict(max_new_tokens=new_tokens, return_dict_in_generate=True)
-        if decoder == "AR + processor":
-            processor = GrammarLogitsProcessor(schema, tokenizer, vocab_size=vocab)
-            out = model.generate(ids, do_sample=False, logits_processor=[processor], **common)
-        else:
-            out = model.generate(ids, grammar=schema, tokenizer=tokenizer, **DECODERS[decoder], **common)
+        fast = decoder in COMPILED_DECODERS
+        with swapped_forward(model, compiled_call) if fast else contextlib.nullcontext():
+            extra = dict(disable_compile=True) if fast else {}
+            if decoder.startswith("AR"):
+                processor = GrammarLogitsProcessor(schema, tokenizer, vocab_size=vocab)
+                extra.update(do_sample=False, logits_processor=[processor])
+            else:
+                extra.update(grammar=schema, tokenizer=tokenizer)
+            out = model.generate(ids, **decoders[decoder], **extra, **common)
         stats = getattr(out, "wedlm_stats", None)
         return out.sequences[0, ids.shape[1] :].tolist(), stats[0] if stats else None
 
     outputs, mismatches, invalid = {}, [], []
     for item in items:
-        for decoder in DECODERS:
+        for decoder in decoders:
             outputs[item, decoder] = decode(decoder, *item)
             tokens = outputs[item, decoder][0]
             if not _complete(tokens, tokenizer, SCHEMAS[item[0]], vocab):
                 invalid.append((decoder, *item))
                 log(f"!!! {decoder} on {item}: not a complete match of the schema: {tokenizer.decode(tokens)!r}")
-        if outputs[item, "lossless + grammar"][0] != outputs[item, "AR + processor"][0]:
-            mismatches.append(item)
-            log(f"!!! MISMATCH: lossless + grammar differs from AR + processor on {item}")
+        for name in ("lossless + grammar", *(["AR + processor, compiled"] if compiled else [])):
+            if outputs[item, name][0] != outputs[item, "AR + processor"][0]:
+                mismatches.append((name, *item))
+                log(f"!!! MISMATCH: {name} differs from AR + processor on {item}")
 
     best = {}
     for r in range(repeats):
-        names = list(DECODERS)
+        names = list(decoders)
         order = names[r % len(names) :] + names[: r % len(names)]
         for item in items:
             for decoder in order:
@@ -107,7 +132,7 @@ def run_structured_benchmark(model_path: str, new_tokens: int = 96, repeats: int
                 best[item, decoder] = min(time.perf_counter() - start, best.get((item, decoder), float("inf")))
 
     rows = {}
-    for decoder in DECODERS:
+    for decoder in decoders:
         tokens = sum(len(outputs[item, decoder][0]) for item in items)
         seconds = sum(best[item, decoder] for item in items)
         stats = [outputs[item, decoder][1] for item in items]
@@ -120,8 +145,11 @@ def run_structured_benchmark(model_path: str, new_tokens: int = 96, repeats: int
         row["tokens_per_forward"] = tokens / row["forwards"]
         rows[decoder] = row
     ar = rows["AR + processor"]["tokens_per_s"]
-    for decoder in DECODERS:
+    fastest = rows["AR + processor, compiled"]["tokens_per_s"] if compiled else None
+    for decoder in decoders:
         rows[decoder]["vs_ar"] = rows[decoder]["tokens_per_s"] / ar
+        if fastest:
+            rows[decoder]["vs_ar_compiled"] = rows[decoder]["tokens_per_s"] / fastest
 
     used = torch.get_num_threads()
     log(
@@ -130,6 +158,11 @@ def run_structured_benchmark(model_path: str, new_tokens: int = 96, repeats: int
         f"(eos stops), best of {repeats} interleaved run{'s' * (repeats != 1)}; grammar: llguidance"
     )
     log(format_table(rows))
+    if compiled:
+        log(
+            "compiled: cache_implementation='static' with torch.compile(model.forward) (backend "
+            f"{compile_backend!r}); vs ARc = tokens/s against AR + processor, compiled"
+        )
     log(
         "tokens by source: forced = filled by the grammar without the model, constrained = the model's choice among "
         "the grammar's allowed tokens (default mode: the slot after the committed text, and confident slots after "
@@ -138,9 +171,12 @@ def run_structured_benchmark(model_path: str, new_tokens: int = 96, repeats: int
     if mismatches or invalid:
         log(f"!!! {len(mismatches)} mismatch(es) with AR + processor, {len(invalid)} incomplete output(s)")
     else:
-        log("lossless + grammar identical to AR + processor on every prompt; every output a complete match")
+        same = "lossless + grammar" + (" and AR + processor, compiled," if compiled else "")
+        log(f"{same} identical to AR + processor on every prompt; every output a complete match")
     return dict(
-        settings=dict(new_tokens=new_tokens, repeats=repeats, threads=used),
+        settings=dict(
+            new_tokens=new_tokens, repeats=repeats, threads=used, compiled=compile_backend if compiled else None
+        ),
         decoders=rows,
         mismatches=[list(m) for m in mismatches],
         invalid=[list(i) for i in invalid],
@@ -164,11 +200,14 @@ def _complete(tokens: list[int], tokenizer, schema: dict, vocab: int) -> bool:
 
 
 def format_table(rows: dict) -> str:
-    head = f"{'decoder':<22}{'tokens':>7}{'forwards':>9}{'tok/fwd':>8}{'tok/s':>8}{'vs AR':>7}"
+    compiled = "vs_ar_compiled" in next(iter(rows.values()))
+    head = f"{'decoder':<26}{'tokens':>7}{'forwards':>9}{'tok/fwd':>8}{'tok/s':>8}{'vs AR':>7}"
+    head += f"{'vs ARc':>8}" if compiled else ""
     lines = [head + f"{'forced':>8}{'constr.':>8}{'model':>7}"]
     for decoder, r in rows.items():
-        line = f"{decoder:<22}{r['tokens']:>7}{r['forwards']:>9}{r['tokens_per_forward']:>8.2f}"
+        line = f"{decoder:<26}{r['tokens']:>7}{r['forwards']:>9}{r['tokens_per_forward']:>8.2f}"
         line += f"{r['tokens_per_s']:>8.0f}{r['vs_ar']:>6.2f}x"
+        line += f"{r['vs_ar_compiled']:>7.2f}x" if compiled else ""
         if "forced" in r:
             line += f"{r['forced']:>8}{r['constrained']:>8}{r['model']:>7}"
         lines.append(line)
@@ -178,7 +217,11 @@ def format_table(rows: dict) -> str:
 def bench_structured_command(args) -> None:
     """`wedlm-hf bench-structured`."""
     report = run_structured_benchmark(
-        args.model or default_model_path(), new_tokens=args.new_tokens, repeats=args.repeats, threads=args.threads
+        args.model or default_model_path(),
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        threads=args.threads,
+        compiled=not args.no_compile,
     )
     if args.json:
         with open(args.json, "w") as f:
