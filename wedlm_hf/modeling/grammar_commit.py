@@ -8,7 +8,7 @@ llguidance; any object with these methods works):
     accepted(tokens) -> int      how many leading tokens it accepts from the current state (never stop tokens)
     advance(tokens)              consumes accepted tokens
     rollback(n)                  un-consumes the last n
-    forced() -> list[int]        the tokens it forces next (empty when more than one continuation is allowed)
+    forced() -> list[int]        the tokens of the fixed string it forces next (empty when none is forced)
     allowed() -> BoolTensor      (vocab,) the tokens it allows next, stop tokens excluded
     accepting() -> bool          the text so far is complete: a stop token may follow
 
