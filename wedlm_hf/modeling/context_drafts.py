@@ -5,6 +5,11 @@ good guess of what comes next: prompt lookup decoding's rule. In lossless mode a
 output (verification keeps AR's tokens), so such drafts can fill the window's masks beside the model's own. The
 index keeps every position of each token of a row's committed text, so a lookup scans only the occurrences of the
 suffix's first token, most recent first, and at most `MAX_CANDIDATES` of them.
+
+On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
+after one period. There, and only where the text's last d tokens already repeat the d before them (d: how far back
+the match is), the continuation runs on into itself, as an LZ77 copy does: once the text is used up, its token k
+is its own token k - d.
 """
 
 MAX_CANDIDATES = 64  # occurrences of the suffix's first token checked per n-gram size
@@ -35,8 +40,19 @@ class ContextIndex:
                 if start + n >= end:  # the suffix itself: nothing follows it yet
                     continue
                 if sequence[start : start + n] == suffix:
-                    return sequence[start + n : start + n + limit]
+                    return _copy(sequence, start + n, limit)
                 checked += 1
                 if checked == MAX_CANDIDATES:
                     break
         return []
+
+
+def _copy(sequence: list[int], source: int, count: int) -> list[int]:
+    """Up to `count` tokens copied from `sequence[source:]`, overlapping the copy itself where the text is periodic."""
+    copied = sequence[source : source + count]
+    offset = len(sequence) - source
+    if len(copied) == count or offset > source or sequence[source - offset : source] != copied:
+        return copied
+    while len(copied) < count:
+        copied.append(copied[len(copied) - offset])
+    return copied

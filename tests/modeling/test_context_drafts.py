@@ -1,0 +1,53 @@
+"""Drafts copied from the context: prompt lookup's rule, and copies that run on into themselves on periodic text."""
+
+import pytest
+import torch
+
+from wedlm_hf.modeling.context_drafts import ContextIndex
+
+
+def continuation(text: list[int], pending: list[int] = (), largest: int = 3, limit: int = 8) -> list[int]:
+    index = ContextIndex()
+    index.extend(text)
+    return index.continuation(list(text) + list(pending), largest, limit)
+
+
+def test_the_latest_occurrence_of_the_longest_suffix_wins():
+    # "1 2" occurs twice; its latest occurrence is followed by 7, the earlier by 3.
+    assert continuation([1, 2, 3, 4, 1, 2, 7, 8, 9, 1, 2]) == [7, 8, 9, 1, 2]
+    # The 3-gram "9 1 2" is longer than "1 2" and wins over its later occurrence.
+    assert continuation([9, 1, 2, 5, 6, 1, 2, 7, 9, 1, 2], limit=2) == [5, 6]
+    assert continuation([1, 2, 3], limit=8) == []  # nothing occurs twice
+    assert continuation([1, 2, 1], limit=0) == []
+
+
+def test_pending_tokens_extend_the_suffix():
+    """The leading run's drafts (not yet committed) are part of the suffix that is looked up."""
+    assert continuation([5, 6, 7, 8, 5], pending=[6], limit=2) == [7, 8]
+
+
+def test_a_copy_stops_at_the_end_of_text_that_is_not_periodic():
+    # "copy: a b c => a": the match is in the prompt; the text after it has not repeated, so nothing is invented.
+    text = [10, 1, 2, 3, 11, 1]
+    assert continuation(text, limit=8) == [2, 3, 11, 1]
+
+
+@pytest.mark.parametrize("period", [1, 2, 3, 5])
+def test_a_copy_runs_on_into_itself_on_periodic_text(period):
+    cycle = list(range(20, 20 + period))
+    text = [1, 2] + cycle * 3
+    got = continuation(text, limit=12)
+    assert got == (cycle * 12)[:12]  # the cycle, continued past the end of the text
+
+
+def test_periodic_text_commits_in_fewer_forwards_and_stays_ar(shipped_model):
+    """The shipped model repeats a two-token word here: lossless mode's context drafts cover the window each
+    forward, not the two-token period that the latest match leaves before the end of the text."""
+    model, tokenizer = shipped_model
+    ids = torch.tensor([tokenizer("ab ab ab ab ab ab ab ab ab ab ab").input_ids])
+    ar = model.generate(ids, max_new_tokens=48, do_sample=False)
+    assert len(set(ar[0, -40:].tolist())) == 2  # the text this test is about: a two-token word, over and over
+    out = model.generate(ids, strategy="wedlm", wedlm_lossless=True, max_new_tokens=48, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ar)
+    stats = out.wedlm_stats[0]
+    assert stats.accepted_context_drafts >= 32 and stats.forwards <= 10, stats  # two-token copies: ~16 forwards
