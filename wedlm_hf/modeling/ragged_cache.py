@@ -71,21 +71,28 @@ class RaggedCache:
                 layer.values = torch.cat([layer.values, layer.values.new_zeros((count, *layer.values.shape[1:]))])
 
     def load_prefixes(self, prefixes: dict[int, list]) -> None:
-        """Appends columns that hold each given row's per-layer (heads, n, head_dim) K/V, right-aligned in the
-        same columns (as long as the longest prefix), invalid for every other row."""
-        width = max(kv[0][0].shape[1] for kv in prefixes.values())
-        fresh = self.valid.new_zeros((self.valid.shape[0], width))
+        """Writes each given row's per-layer (heads, n, head_dim) K/V into its last n columns. The rows have just
+        joined, so every column they have is free; columns are appended (invalid for every other row) only where
+        a prefix is longer than the cache, so rows that join beside long-running ones do not widen their cache."""
+        longest = max(kv[0][0].shape[1] for kv in prefixes.values())
+        if longest > self.length:
+            extra = longest - self.length
+            self.valid = torch.cat([self.valid.new_zeros((self.valid.shape[0], extra)), self.valid], dim=1)
+            first = next(iter(prefixes.values()))
+            for layer_idx, (keys, values) in enumerate(first):
+                shape = (self.valid.shape[0], keys.shape[0], extra, keys.shape[2])
+                layer = self.cache.layers[layer_idx] if layer_idx < len(self.cache.layers) else None
+                if getattr(layer, "is_initialized", False):
+                    layer.keys = torch.cat([layer.keys.new_zeros(shape), layer.keys], dim=2)
+                    layer.values = torch.cat([layer.values.new_zeros(shape), layer.values], dim=2)
+                else:  # the first columns of this cache: the layer is created by its first update
+                    self.cache.update(keys.new_zeros(shape), values.new_zeros(shape), layer_idx)
         for row, kv in prefixes.items():
-            fresh[row, width - kv[0][0].shape[1] :] = True
-        for layer_idx in range(len(next(iter(prefixes.values())))):
-            keys, values = next(iter(prefixes.values()))[layer_idx]
-            new_keys = keys.new_zeros((self.valid.shape[0], keys.shape[0], width, keys.shape[2]))
-            new_values = values.new_zeros((self.valid.shape[0], values.shape[0], width, values.shape[2]))
-            for row, kv in prefixes.items():
-                n = kv[layer_idx][0].shape[1]
-                new_keys[row, :, width - n :], new_values[row, :, width - n :] = kv[layer_idx]
-            self.cache.update(new_keys, new_values, layer_idx)
-        self.valid = torch.cat([self.valid, fresh], dim=1)
+            n = kv[0][0].shape[1]
+            for layer, (keys, values) in zip(self.cache.layers, kv):
+                layer.keys[row, :, self.length - n :] = keys
+                layer.values[row, :, self.length - n :] = values
+            self.valid[row, self.length - n :] = True
 
     def forward(
         self,
