@@ -191,3 +191,40 @@ def test_queue_limit_and_shutdown(model, char_tokenizer):
         assert isinstance(failure, Failure) and failure.status == 503
     scheduler.stop()
     assert not scheduler.alive
+
+
+@pytest.mark.parametrize("mode", ["lossless", "every mask filled", "logprobs"])
+def test_settled_tokens_stream_one_step_before_they_commit(model, scheduler, char_tokenizer, mode):
+    """The joining forward already settles tokens (lossless mode's final token: AR's own; with every mask filled,
+    the whole window), which the next forward commits whatever happens: they are streamed then. Log-probabilities
+    come from the committing forward, so a request that asks for them gets its tokens one forward later."""
+    prompt = PROMPTS[0]
+    job, events = make_job(char_tokenizer, prompt, max_new_tokens=10)
+    choice = job.choices[0]
+    if mode == "lossless":
+        choice.settings.lossless = True
+    else:
+        choice.settings.entropy_threshold = 1e9
+    if mode == "logprobs":
+        choice.logprobs, choice.settings.keep_logits = 0, True
+    scheduler.submit(job)
+    items = events.wait_end()
+    deltas = [e for e in items if isinstance(e, Delta) and e.tokens]
+    expected_first = 2 if mode == "logprobs" else 1
+    assert deltas[0].forward == expected_first, deltas
+    if mode == "every mask filled":
+        assert deltas[0].tokens == min(4, 10)  # the whole window of 4
+    settings = dict(max_new_tokens=10, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+    if mode == "lossless":
+        ids = model.generate(torch.tensor([prompt]), do_sample=False, **settings)[0, len(prompt) :].tolist()
+    else:
+        ids = model.generate(
+            torch.tensor([prompt]),
+            strategy="wedlm",
+            wedlm_window_size=4,
+            wedlm_entropy_threshold=1e9,
+            **settings,
+        )[0, len(prompt) :].tolist()
+    expected = ids[: ids.index(EOS_ID) + 1] if EOS_ID in ids else ids
+    assert committed_text(items, char_tokenizer) == char_tokenizer.decode(expected, skip_special_tokens=True)
+    assert items[-1].completion_tokens == len(expected) == sum(e.tokens for e in deltas)

@@ -153,6 +153,23 @@ class DecodingRow:
             run += 1
         return run
 
+    def settled(self) -> list[int]:
+        """The window's tokens after the committed text that no later step changes: the next forward commits them
+        (it only writes their K/V). They are the default mode's leading run of fills (up to a stop token and the
+        budget) and lossless mode's final token; none under a grammar, whose check comes at the commit. A server
+        can stream them one step early, as an AR server streams a token before its K/V exist."""
+        if self.done or self.grammar is not None or not self.prefilled:
+            return []
+        room = self.settings.max_new_tokens - len(self.generated)
+        tokens = []
+        for slot in self.window[: min(self.leading_run(), room)]:
+            if self.settings.lossless and not slot.final:
+                break
+            tokens.append(slot.token)
+            if slot.token in self.settings.stop_ids:
+                break
+        return tokens
+
     def refill(self) -> None:
         """Appends masks so W slots remain after this step's commit, within the token budget and never after a
         filled stop token."""

@@ -37,8 +37,9 @@ DEFAULT_PREFIX_CACHE_TOKENS = 16384  # `--prefix-cache-tokens`: prompt and answe
 
 @dataclass
 class Delta:
-    """New text of one choice, committed by that row's `forward`-th forward (`tokens` tokens). `logprobs` (when the
-    request asked): per new token (token id, log-probability, [(id, log-probability)] of the k most likely)."""
+    """New text of one choice, `tokens` tokens settled by that row's `forward`-th forward (committed, or certain to
+    commit in the next: `DecodingRow.settled`). `logprobs` (when the request asked; then only committed tokens):
+    per new token (token id, log-probability, [(id, log-probability)] of the k most likely)."""
 
     choice: int
     text: str
@@ -336,9 +337,9 @@ class Scheduler:
             return
         self.counters["steps"] += 1
         self._store_prompts()
-        for row in changed:
-            if row in self._live:
-                job, choice = self._live[row]
+        changed = set(changed)
+        for row, (job, choice) in list(self._live.items()):
+            if row in changed or (choice.logprobs is None and len(row.generated) + len(row.settled()) > choice.sent):
                 try:
                     self._deliver(job, choice)
                 except Exception as exc:
@@ -371,12 +372,15 @@ class Scheduler:
 
     def _deliver(self, job: Job, choice: Choice) -> None:
         row = choice.row
-        text = choice.text.add(row.generated[choice.sent :])
+        # Tokens the next step commits whatever happens are streamed now (not with log-probabilities: those of the
+        # tokens after the first come from the committing forward).
+        tokens = row.generated + (row.settled() if choice.logprobs is None else [])
+        text = choice.text.add(tokens[choice.sent :])
         if choice.text.stopped and len(row.generated) >= choice.text.stop_tokens:
             self.decoder.finish(row, keep=choice.text.stop_tokens, reason="stop")
-        new_tokens = len(row.generated) - choice.sent
+        new_tokens = max(0, len(tokens) - choice.sent)
         logprobs = None if choice.logprobs is None else self._logprobs(row, choice.sent, choice.logprobs)
-        choice.sent = len(row.generated)
+        choice.sent = max(choice.sent, len(tokens))
         if row.done:
             text += choice.text.flush()
         if new_tokens or text:
