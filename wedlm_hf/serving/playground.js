@@ -1,6 +1,6 @@
-// The playground: streams /v1/completions and colours each commit by the forward that made it.
+// The playground: streams /v1/completions and colours each chunk by the forward that settled its tokens.
 // fetch + a stream reader, because EventSource cannot POST. Each SSE chunk's choice carries
-// `wedlm: {forward, tokens}` (the row's forward index and how many tokens it committed).
+// `wedlm: {forward, tokens}` (the row's forward index and how many tokens it settled: committed, or sure to commit next).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
