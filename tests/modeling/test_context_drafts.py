@@ -50,4 +50,4 @@ def test_periodic_text_commits_in_fewer_forwards_and_stays_ar(shipped_model):
     out = model.generate(ids, strategy="wedlm", wedlm_lossless=True, max_new_tokens=48, return_dict_in_generate=True)
     assert torch.equal(out.sequences, ar)
     stats = out.wedlm_stats[0]
-    assert stats.accepted_context_drafts >= 32 and stats.forwards <= 10, stats  # two-token copies: ~16 forwards
+    assert stats.accepted_context_drafts >= 32 and stats.forwards <= 12, stats  # one-period copies: 21 forwards

@@ -553,17 +553,19 @@ class StreamingDecoder:
 
 
 MAX_PROBE_WAIT = 64
+GROWTH = 4  # a draft window whose drafts all held is multiplied by this (up to W)
 MAX_FORCED = 64  # forced tokens placed per step and row, beyond the window (a grammar's fixed string)
 
 
 @dataclass
 class DraftWindow:
-    """How many drafts of one source a lossless row tries per step: halved at a rejection, doubled when every one
-    held. The model's own drafts start at `smallest` (on hard text a full window of them would mostly be wasted
-    rows, and easy text doubles up to W in a few steps); context drafts start unbounded (up to W), as prompt
-    lookup does. Below `smallest` (the fewest worth a try) it is 0 and the source rests, so a step where every
-    source rests feeds only the final token, an AR step's cost; after `wait` such steps it tries `smallest` drafts
-    again, and each try that fails doubles the wait (up to MAX_PROBE_WAIT)."""
+    """How many drafts of one source a lossless row tries per step: halved at a rejection, quadrupled when every
+    one held (on easy text a window too small costs forwards, one too large only rows). The model's own drafts
+    start at `smallest` (on hard text a full window of them would mostly be wasted rows, and easy text reaches W in
+    two steps); context drafts start unbounded (up to W), as prompt lookup does. Below `smallest` (the fewest worth
+    a try) it is 0 and the source rests, so a step where every source rests feeds only the final token, an AR
+    step's cost; after `wait` such steps it tries `smallest` drafts again, and each try that fails doubles the wait
+    (up to MAX_PROBE_WAIT)."""
 
     smallest: int
     size: int = 1 << 30  # capped by W where used
@@ -581,7 +583,7 @@ class DraftWindow:
                     self.wait = min(MAX_PROBE_WAIT, self.wait * 2)
                     self.quiet = 0
             else:
-                self.size = min(limit, max(self.smallest, current * 2))
+                self.size = min(limit, max(self.smallest, current * GROWTH))
                 self.wait = 1
         elif self.size == 0:
             self.quiet += 1
