@@ -36,3 +36,23 @@ def test_metrics_count_requests_tokens_and_latencies():
     assert found["wedlm_tokens_per_forward", ()] == tokens / found["wedlm_decoding_forwards_total", ()]
     assert found["wedlm_live_rows", ()] == 0 and found["wedlm_waiting_rows", ()] == 0
     assert 0 <= found["wedlm_prefix_cache_hit_rate", ()] <= 1
+
+
+def test_each_response_format_compile_is_timed():
+    """Every request with a response_format observes its compile time once (for a schema seen before, that of the
+    compiler's cache hit); free-text requests and refused schemas observe nothing."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    with LiveServer() as server:
+        client = server.client()
+        client.completions.create(model=MODEL_ID, prompt="n = ", max_tokens=4)
+        for _ in range(3):
+            client.completions.create(model=MODEL_ID, prompt="n = ", max_tokens=12, extra_body={"response_format": fmt})
+        bad = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "strin"}}}
+        refused = httpx.post(
+            f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 4, "response_format": bad}, timeout=30
+        )
+        assert refused.status_code == 400
+        found = scrape(server)
+    assert found["wedlm_grammar_compile_seconds_count", ()] == 3
+    assert 0 < found["wedlm_grammar_compile_seconds_sum", ()] < 60

@@ -46,6 +46,7 @@ def create_app(engine: ServingEngine, allowed_hosts: list[str] | None = None, ap
     app.state.engine = engine
     app.state.scoring = asyncio.Semaphore(1)  # echo: one prompt-scoring forward at a time, beside the decoding loop
     app.state.metrics = metrics = ServerMetrics(engine.scheduler)
+    engine.grammar_observers.append(metrics.grammar_compile.observe)
     app.add_middleware(AccessGuard, allowed_hosts=list(allowed_hosts or LOOPBACK_NAMES), api_key=api_key)
 
     @app.exception_handler(APIError)

@@ -13,6 +13,7 @@ characters than that times the context is checked on its first (context + 2) tok
 
 import os
 import secrets
+import time
 
 import torch
 from transformers import (
@@ -88,6 +89,7 @@ class ServingEngine:
             generation.top_p,
             generation.top_k,
         )
+        self.grammar_observers: list = []  # called with each response_format's compile time (s), e.g. by /metrics
         self.scheduler = Scheduler(
             model,
             int(mask_token_id),
@@ -255,8 +257,9 @@ class ServingEngine:
         """The request's response_format compiled (once per schema: the compiler caches it), or None."""
         if request.json_schema is None:
             return None
+        started = time.perf_counter()
         try:
-            return compile_grammar(request.json_schema, self.tokenizer, self.model.config.get_text_config().vocab_size)
+            grammar = compile_grammar(request.json_schema, self.tokenizer, self.vocab_size)
         except ImportError:
             raise APIError(
                 400,
@@ -267,6 +270,10 @@ class ServingEngine:
             ) from None
         except ValueError as error:
             raise invalid("response_format", f"response_format's schema cannot be used: {error}") from None
+        seconds = time.perf_counter() - started
+        for observe in self.grammar_observers:
+            observe(seconds)
+        return grammar
 
     def _sampler(self, request: ParsedRequest, index: int) -> FillSampler:
         do_sample, temperature, top_p, top_k = self._sampling_defaults

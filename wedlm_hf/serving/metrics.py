@@ -1,8 +1,9 @@
 """`GET /metrics`: the server's counters in Prometheus' text format (prometheus_client), one registry per app.
 
 Counted as requests end: requests by route and HTTP status, completion tokens, decoding forwards, time to first
-token and request latency (histograms). Read from the decoding loop at each scrape: waiting rows and requests, live
-rows, tokens per forward over all requests so far, and the prefix cache's hit rate and tokens.
+token and request latency (histograms); as requests are prepared, each response_format's compile time (a
+histogram). Read from the decoding loop at each scrape: waiting rows and requests, live rows, tokens per forward
+over all requests so far, and the prefix cache's hit rate and tokens.
 """
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -31,6 +32,13 @@ class ServerMetrics:
             "wedlm_request_latency_seconds",
             "From a request's arrival to its last token.",
             buckets=_SECONDS,
+            registry=registry,
+        )
+
+        self.grammar_compile = Histogram(
+            "wedlm_grammar_compile_seconds",
+            "Time to compile a request's response_format, in its worker thread (a schema seen before: its cache hit).",
+            buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
             registry=registry,
         )
 
