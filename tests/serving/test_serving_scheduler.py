@@ -228,3 +228,28 @@ def test_settled_tokens_stream_one_step_before_they_commit(model, scheduler, cha
     expected = ids[: ids.index(EOS_ID) + 1] if EOS_ID in ids else ids
     assert committed_text(items, char_tokenizer) == char_tokenizer.decode(expected, skip_special_tokens=True)
     assert items[-1].completion_tokens == len(expected) == sum(e.tokens for e in deltas)
+
+
+def test_a_stop_string_among_settled_tokens_ends_the_choice_where_it_completes(model, scheduler, char_tokenizer):
+    """The whole window settles in the joining forward and holds a stop string: the text is cut before it at once,
+    and the choice ends (once those tokens commit) with the token that completes it, counted once."""
+    prompt = PROMPTS[2]
+    settings = dict(max_new_tokens=10, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+    ids = model.generate(
+        torch.tensor([prompt]), strategy="wedlm", wedlm_window_size=4, wedlm_entropy_threshold=1e9, **settings
+    )[0, len(prompt) :].tolist()
+    text = char_tokenizer.decode(ids[:4], skip_special_tokens=True)
+    assert len(text) == 4 and EOS_ID not in ids[:4]  # one character a token: the first window is 4 characters
+    stop = text[1:3]
+    job, events = make_job(char_tokenizer, prompt, max_new_tokens=10)
+    choice = job.choices[0]
+    choice.settings.entropy_threshold = 1e9
+    choice.text = IncrementalText(char_tokenizer, [stop])
+    scheduler.submit(job)
+    items = events.wait_end()
+    deltas = [e for e in items if isinstance(e, Delta) and e.tokens]
+    cut = text.index(stop)
+    assert committed_text(items, char_tokenizer) == text[:cut]
+    assert deltas[0].forward == 1
+    assert items[-1].reason == "stop" and items[-1].completion_tokens == cut + len(stop)
+    assert sum(e.tokens for e in deltas) == cut + len(stop)

@@ -376,8 +376,10 @@ class Scheduler:
         # tokens after the first come from the committing forward).
         tokens = row.generated + (row.settled() if choice.logprobs is None else [])
         text = choice.text.add(tokens[choice.sent :])
-        if choice.text.stopped and len(row.generated) >= choice.text.stop_tokens:
-            self.decoder.finish(row, keep=choice.text.stop_tokens, reason="stop")
+        if choice.text.stopped:  # the choice ends with the token that completes the stop string
+            tokens = tokens[: choice.text.stop_tokens]
+            if len(row.generated) >= choice.text.stop_tokens:
+                self.decoder.finish(row, keep=choice.text.stop_tokens, reason="stop")
         new_tokens = max(0, len(tokens) - choice.sent)
         logprobs = None if choice.logprobs is None else self._logprobs(row, choice.sent, choice.logprobs)
         choice.sent = max(choice.sent, len(tokens))
