@@ -32,6 +32,14 @@ def test_a_copy_stops_at_the_end_of_text_that_is_not_periodic():
     assert continuation(text, limit=8) == [2, 3, 11, 1]
 
 
+def test_a_copy_reads_no_pending_draft_unless_the_text_is_periodic():
+    # The match's continuation reaches the committed text's end: past it lie this step's own drafts, which only
+    # periodic text repeats (prompt lookup, too, copies from the committed text only).
+    assert continuation([10, 1, 2, 3, 11], pending=[1, 2]) == [3, 11]
+    # Periodic through the drafts: the copy runs on.
+    assert continuation([1, 2, 20, 21, 20, 21, 20], pending=[21], limit=5) == [20, 21, 20, 21, 20]
+
+
 @pytest.mark.parametrize("period", [1, 2, 3, 5])
 def test_a_copy_runs_on_into_itself_on_periodic_text(period):
     cycle = list(range(20, 20 + period))

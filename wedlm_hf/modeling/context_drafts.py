@@ -9,7 +9,8 @@ suffix's first token, most recent first, and at most `MAX_CANDIDATES` of them.
 On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
 after one period. There, and only where the text's last d tokens already repeat the d before them (d: how far back
 the match is), the continuation runs on into itself, as an LZ77 copy does: once the text is used up, its token k
-is its own token k - d.
+is its own token k - d. Otherwise a copy ends where the committed text does, as prompt lookup's does: past it lie
+the drafts just placed, which only a periodic text repeats.
 """
 
 MAX_CANDIDATES = 64  # occurrences of the suffix's first token checked per n-gram size
@@ -29,7 +30,8 @@ class ContextIndex:
 
     def continuation(self, sequence: list[int], largest: int, limit: int) -> list[int]:
         """Up to `limit` tokens that followed the latest earlier occurrence of `sequence`'s longest suffix of
-        `largest` tokens or fewer (down to one). `sequence` is the indexed text plus any tokens after it."""
+        `largest` tokens or fewer (down to one). `sequence` is the indexed (committed) text plus any drafts after
+        it; the copy reads no draft unless the text is periodic there."""
         if limit < 1:
             return []
         end = len(sequence)
@@ -40,19 +42,20 @@ class ContextIndex:
                 if start + n >= end:  # the suffix itself: nothing follows it yet
                     continue
                 if sequence[start : start + n] == suffix:
-                    return _copy(sequence, start + n, limit)
+                    return _copy(sequence, start + n, limit, self.length)
                 checked += 1
                 if checked == MAX_CANDIDATES:
                     break
         return []
 
 
-def _copy(sequence: list[int], source: int, count: int) -> list[int]:
-    """Up to `count` tokens copied from `sequence[source:]`, overlapping the copy itself where the text is periodic."""
-    copied = sequence[source : source + count]
+def _copy(sequence: list[int], source: int, count: int, committed: int) -> list[int]:
+    """Up to `count` tokens copied from `sequence[source:]`: overlapping the copy itself where the text is
+    periodic, otherwise from its first `committed` tokens only."""
     offset = len(sequence) - source
-    if len(copied) == count or offset > source or sequence[source - offset : source] != copied:
-        return copied
+    if offset > source or sequence[source - offset : source] != sequence[source:]:
+        return sequence[source : min(source + count, committed)]
+    copied = sequence[source : source + count]
     while len(copied) < count:
         copied.append(copied[len(copied) - offset])
     return copied
