@@ -52,9 +52,11 @@ class ContextIndex:
 def _copy(sequence: list[int], source: int, count: int, committed: int) -> list[int]:
     """Up to `count` tokens copied from `sequence[source:]`: overlapping the copy itself where the text is
     periodic, otherwise from its first `committed` tokens only."""
+    if source + count <= committed:
+        return sequence[source : source + count]
     offset = len(sequence) - source
     if offset > source or sequence[source - offset : source] != sequence[source:]:
-        return sequence[source : min(source + count, committed)]
+        return sequence[source:committed]
     copied = sequence[source : source + count]
     while len(copied) < count:
         copied.append(copied[len(copied) - offset])
