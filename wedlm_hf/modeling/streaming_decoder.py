@@ -174,14 +174,18 @@ class DecodingRow:
         """Appends masks so W slots remain after this step's commit, within the token budget and never after a
         filled stop token."""
         stop_ids = self.settings.stop_ids
-        if any(slot is not None and slot.token in stop_ids for slot in self.window):
-            return
         size = self.settings.window_size
         if self.settings.lossless:  # drafts past the adapted window are dropped: the output does not depend on them
-            size = min(size, self.model_window.size)
+            stop = next((i for i, slot in enumerate(self.window) if slot is not None and slot.token in stop_ids), None)
+            if stop is not None:  # a draft past a stop token could only commit if the text went on after it
+                del self.window[stop + 1 :]
+            size = min(size, self.model_window.size if self.prefilled else JOIN_MASKS)
             if size < 2 and self.prefilled:  # the slot after the final token is always taken by the next one
                 size = 0
             del self.window[size + self.leading_run() :]
+        if any(slot is not None and slot.token in stop_ids for slot in self.window):
+            return
+        if self.settings.lossless:
             # Context drafts unless the model's own last drafts all held (counting, copying): there a wrong context
             # draft would only displace them. A step that drafts from the context adds no masks after its drafts:
             # their rows would cost as much as the drafts, for guesses drawn with unverified drafts in view.
@@ -532,6 +536,8 @@ class StreamingDecoder:
                 row.settings.entropy_threshold,
                 row.settings.pos_penalty_factor,
             )
+            if row.settings.lossless and 0 not in picks:  # the leftmost mask is the next draft a verification reaches
+                picks = [0, *picks]
             chosen += [(b, *open_slots[i]) for i in picks]
         tokens, probabilities = _sample(rows, scores, chosen)
         for (b, _, slot), token, q in zip(chosen, tokens, probabilities):
@@ -553,16 +559,18 @@ class StreamingDecoder:
 
 
 MAX_PROBE_WAIT = 64
-GROWTH = 4  # a draft window whose drafts all held is multiplied by this (up to W)
+GROWTH = 4  # a draft window whose drafts all held grows to this many times its size, or the drafts checked (up to W)
+JOIN_MASKS = 4  # lossless mode: masks fed with a joining row's prompt (that forward is wide anyway)
 MAX_FORCED = 64  # forced tokens placed per step and row, beyond the window (a grammar's fixed string)
 
 
 @dataclass
 class DraftWindow:
-    """How many drafts of one source a lossless row tries per step: halved at a rejection, quadrupled when every
-    one held (on easy text a window too small costs forwards, one too large only rows). The model's own drafts
-    start at `smallest` (on hard text a full window of them would mostly be wasted rows, and easy text reaches W in
-    two steps); context drafts start unbounded (up to W), as prompt lookup does. Below `smallest` (the fewest worth
+    """How many drafts of one source a lossless row tries per step: halved at a rejection, and when every one held
+    quadrupled, or made four times the drafts just checked if that is more (on easy text a window too small costs
+    forwards, one too large only rows). The model's own drafts start at `smallest` after the JOIN_MASKS of the
+    joining forward (on hard text a full window of them would mostly be wasted rows, and easy text reaches W in two
+    steps); context drafts start unbounded (up to W), as prompt lookup does. Below `smallest` (the fewest worth
     a try) it is 0 and the source rests, so a step where every source rests feeds only the final token, an AR
     step's cost; after `wait` such steps it tries `smallest` drafts again, and each try that fails doubles the wait
     (up to MAX_PROBE_WAIT)."""
@@ -583,7 +591,7 @@ class DraftWindow:
                     self.wait = min(MAX_PROBE_WAIT, self.wait * 2)
                     self.quiet = 0
             else:
-                self.size = min(limit, max(self.smallest, current * GROWTH))
+                self.size = min(limit, max(self.smallest, max(current, checked) * GROWTH))
                 self.wait = 1
         elif self.size == 0:
             self.quiet += 1

@@ -1,0 +1,95 @@
+"""Lossless mode's window: which drafts and masks a row feeds, and how the model's draft window adapts."""
+
+import torch
+from conftest import EOS_ID
+
+from wedlm_hf.modeling.streaming_decoder import (
+    JOIN_MASKS,
+    DecodingRow,
+    DecodingSettings,
+    DraftWindow,
+    Fill,
+    StreamingDecoder,
+)
+
+
+def lossless_row(window: list, prefilled: bool = True, **settings) -> DecodingRow:
+    settings = DecodingSettings(max_new_tokens=50, lossless=True, stop_ids=frozenset({EOS_ID}), **settings)
+    row = DecodingRow(index=0, prompt=[5, 6, 7], settings=settings, window=list(window))
+    row.prompt_fed = len(row.prompt) if prefilled else 0
+    return row
+
+
+def tokens(row: DecodingRow) -> list:
+    return [None if slot is None else slot.token for slot in row.window]
+
+
+def test_nothing_is_fed_past_a_drafted_stop_token():
+    """A draft after a stop token could only commit if the text went on past it: it is dropped, and no mask is
+    added, however large the model's window."""
+    row = lossless_row([Fill(9, final=True), Fill(10), Fill(EOS_ID), Fill(11), None, Fill(12)])
+    row.model_window.size = 16
+    row.refill()
+    assert tokens(row) == [9, 10, EOS_ID]
+    # The same with a mask before the stop token: it stays (the stop token may still commit after it).
+    row = lossless_row([Fill(9, final=True), None, Fill(EOS_ID), None, None])
+    row.model_window.size = 16
+    row.refill()
+    assert tokens(row) == [9, None, EOS_ID]
+
+
+def test_a_drafted_stop_token_does_not_keep_drafts_past_the_adapted_window():
+    """The window is cut to the model's draft window even when it holds a stop token: a row whose drafts rest
+    feeds its final token alone."""
+    row = lossless_row([Fill(9, final=True), None, Fill(10), Fill(EOS_ID)])
+    row.model_window.size = 0
+    row.refill()
+    assert tokens(row) == [9]
+
+
+def test_a_joining_row_feeds_join_masks_beside_its_prompt():
+    row = lossless_row([], prefilled=False)
+    row.refill()
+    assert tokens(row) == [None] * JOIN_MASKS
+    capped = lossless_row([], prefilled=False, window_size=2)  # W caps it
+    capped.refill()
+    assert tokens(capped) == [None, None]
+
+
+def test_a_draft_window_whose_drafts_held_grows_from_what_was_checked():
+    window = DraftWindow(smallest=2, size=2)
+    window.update(16, checked=3, rejected=False)  # the joining forward's drafts, more than the window's 2
+    assert window.size == 12
+    window.update(16, checked=12, rejected=False)
+    assert window.size == 16  # capped by W
+    small = DraftWindow(smallest=2, size=2)
+    small.update(16, checked=1, rejected=False)
+    assert small.size == 8  # quadrupled: more than four times the one draft checked
+    small.update(16, checked=1, rejected=True)
+    assert small.size == 4 and not small.held
+
+
+class _Decoder(StreamingDecoder):
+    def __init__(self):  # only `_fill` is used: no model, no cache
+        self.mask_token_id = 1
+
+
+def test_a_lossless_row_always_drafts_its_leftmost_mask():
+    """Only a draft right after the leading run can be verified by the next forward: lossless mode fills the
+    leftmost mask even where the model is unsure (default mode keeps the entropy rule alone)."""
+    vocab = 8
+    logits = torch.zeros((2, 3, vocab))  # slots 1, 2, 3 (masks are right-aligned): uniform, uniform, confident
+    logits[:, 2, 4] = 50.0
+    rows = []
+    for lossless in (True, False):
+        settings = DecodingSettings(max_new_tokens=50, lossless=lossless, window_size=4, entropy_threshold=0.4)
+        row = DecodingRow(
+            index=0, prompt=[5, 6, 7], settings=settings, window=[Fill(2, final=lossless), None, None, None]
+        )
+        row.prompt_fed = 3
+        rows.append(row)
+    feeds = [([], [row.committed + 1, row.committed + 2, row.committed + 3]) for row in rows]
+    _Decoder()._fill(rows, feeds, logits)
+    lossless_fills, default_fills = ([slot is not None for slot in row.window[1:]] for row in rows)
+    assert lossless_fills == [True, False, True]
+    assert default_fills == [False, False, True]
