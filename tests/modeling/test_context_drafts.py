@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from wedlm_hf.modeling.context_drafts import ContextIndex
+from wedlm_hf.modeling.context_drafts import LONG_MATCH, ContextIndex
 
 
 def continuation(text: list[int], pending: list[int] = (), largest: int = 3, limit: int = 8) -> list[int]:
@@ -59,3 +59,15 @@ def test_periodic_text_commits_in_fewer_forwards_and_stays_ar(shipped_model):
     assert torch.equal(out.sequences, ar)
     stats = out.wedlm_stats[0]
     assert stats.accepted_context_drafts >= 32 and stats.forwards <= 12, stats  # one-period copies: 21 forwards
+
+
+def test_a_lookup_says_how_long_the_match_is():
+    index = ContextIndex()
+    text = [9, 8, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3]  # "1 2 3" again, after 7 where it first came after 8
+    index.extend(text)
+    assert index.lookup(text, 3, 5) == ([4, 5, 6, 7, 1], 3)
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7]  # seven tokens agree: counted up to LONG_MATCH
+    index = ContextIndex()
+    index.extend(text)
+    assert index.lookup(text, 3, 4) == ([8, 1, 2, 3], LONG_MATCH)
+    assert index.lookup([1, 2, 3], 3, 4) == ([], 0)

@@ -3,14 +3,8 @@
 import torch
 from conftest import EOS_ID
 
-from wedlm_hf.modeling.streaming_decoder import (
-    JOIN_MASKS,
-    DecodingRow,
-    DecodingSettings,
-    DraftWindow,
-    Fill,
-    StreamingDecoder,
-)
+from wedlm_hf.modeling.draft_windows import JOIN_MASKS, PATIENCE, PROBE, ContextWindow, DraftWindow
+from wedlm_hf.modeling.streaming_decoder import DecodingRow, DecodingSettings, Fill, StreamingDecoder
 
 
 def lossless_row(window: list, prefilled: bool = True, **settings) -> DecodingRow:
@@ -93,3 +87,56 @@ def test_a_lossless_row_always_drafts_its_leftmost_mask():
     lossless_fills, default_fills = ([slot is not None for slot in row.window[1:]] for row in rows)
     assert lossless_fills == [True, False, True]
     assert default_fills == [False, False, True]
+
+
+def test_context_drafts_rest_after_a_streak_of_failed_copies():
+    """A copy is whole (up to W) while copies pay off; PATIENCE copies in a row that fail at their first token send
+    the source to rest, a probe of PROBE drafts follows, and a probe that commits a draft makes copies whole again."""
+    window = ContextWindow()
+    for _ in range(PATIENCE - 1):
+        window.update(16, checked=1, rejected=True)
+        assert window.size == 16
+    window.update(16, checked=3, rejected=True)  # two drafts held before the third failed: the streak ends
+    for _ in range(PATIENCE):
+        window.update(16, checked=1, rejected=True)
+    assert window.size == 0
+    rest = []
+    for _ in range(2):  # quiet steps: the first rest is two steps long
+        rest.append(window.size)
+        window.update(16, checked=0, rejected=False)
+    assert rest == [0, 0] and window.size == PROBE
+    window.update(16, checked=1, rejected=True)  # the probe fails: back to rest, twice as long
+    for _ in range(4):
+        assert window.size == 0
+        window.update(16, checked=0, rejected=False)
+    assert window.size == PROBE
+    window.update(16, checked=2, rejected=False)  # the probe held
+    assert window.size == 16 and window.held
+
+
+def copying_row(text: list, window: list, held: bool, resting: bool = False) -> DecodingRow:
+    row = lossless_row(window)
+    row.prompt = list(text)
+    row.prompt_fed = len(text)
+    row.model_window.held = held
+    row.model_window.size = 0
+    if resting:
+        row.context_window.size = 0
+    return row
+
+
+def test_while_the_model_drafts_hold_only_a_long_match_is_copied():
+    short = [1, 2, 3, 4, 9, 3]  # "3" occurred before: a one-token match
+    row = copying_row(short, [Fill(4, final=True)], held=True)
+    row.refill()
+    assert tokens(row) == [4]
+    row = copying_row(short, [Fill(4, final=True)], held=False)
+    row.refill()
+    assert tokens(row) == [4, 9, 3]  # "3 4" came before "9 3": the copy ends where the committed text does
+    long = [20, 21, 22, 23, 24, 25, 26, 27, 30, 20, 21, 22, 23, 24, 25]
+    row = copying_row(long, [Fill(26, final=True)], held=True)
+    row.refill()
+    assert tokens(row) == [26, 27, 30, 20, 21, 22, 23, 24, 25]  # seven tokens agree ("20 ... 26")
+    row = copying_row(long, [Fill(26, final=True)], held=True, resting=True)  # a resting source copies nothing
+    row.refill()
+    assert tokens(row) == [26]

@@ -14,6 +14,7 @@ the drafts just placed, which only a periodic text repeats.
 """
 
 MAX_CANDIDATES = 64  # occurrences of the suffix's first token checked per n-gram size
+LONG_MATCH = 6  # tokens of agreement (the suffix and those before it) that make a match long
 
 
 class ContextIndex:
@@ -32,8 +33,13 @@ class ContextIndex:
         """Up to `limit` tokens that followed the latest earlier occurrence of `sequence`'s longest suffix of
         `largest` tokens or fewer (down to one). `sequence` is the indexed (committed) text plus any drafts after
         it; the copy reads no draft unless the text is periodic there."""
+        return self.lookup(sequence, largest, limit)[0]
+
+    def lookup(self, sequence: list[int], largest: int, limit: int) -> tuple[list[int], int]:
+        """`continuation`, and how long the match is: the suffix plus the tokens before it that agree with those
+        before the occurrence, counted up to LONG_MATCH (0 when nothing matched)."""
         if limit < 1:
-            return []
+            return [], 0
         end = len(sequence)
         for n in range(min(largest, end - 1), 0, -1):
             suffix = sequence[end - n :]
@@ -42,11 +48,16 @@ class ContextIndex:
                 if start + n >= end:  # the suffix itself: nothing follows it yet
                     continue
                 if sequence[start : start + n] == suffix:
-                    return _copy(sequence, start + n, limit, self.length)
+                    length = n
+                    while length < LONG_MATCH and start + n - length > 0:
+                        if sequence[start + n - length - 1] != sequence[end - length - 1]:
+                            break
+                        length += 1
+                    return _copy(sequence, start + n, limit, self.length), length
                 checked += 1
                 if checked == MAX_CANDIDATES:
                     break
-        return []
+        return [], 0
 
 
 def _copy(sequence: list[int], source: int, count: int, committed: int) -> list[int]:

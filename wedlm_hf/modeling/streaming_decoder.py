@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .context_drafts import ContextIndex
+from .context_drafts import LONG_MATCH, ContextIndex
 from .draft_verification import ArPredictions
+from .draft_windows import JOIN_MASKS, ContextWindow, DraftWindow
 from .grammar_commit import allowed_along, allowed_tokens, restrict, valid_prefix
 from .ragged_cache import RaggedCache
 from .slot_cache import SlotCache
@@ -120,8 +121,8 @@ class DecodingRow:
     kv: list | None = None  # the finished row's cache, kept only when the decoder was asked to
     prompt_fed: int = 0  # prompt tokens already in the cache (a long prompt may be prefilled over several steps)
     # Lossless mode: how many drafts of each source to try, adapted to how many get accepted.
-    model_window: "DraftWindow" = field(default_factory=lambda: DraftWindow(smallest=2, size=2))
-    context_window: "DraftWindow" = field(default_factory=lambda: DraftWindow(smallest=1))
+    model_window: DraftWindow = field(default_factory=lambda: DraftWindow(smallest=2, size=2))
+    context_window: ContextWindow = field(default_factory=ContextWindow)
     context: ContextIndex | None = None  # lossless mode: where each committed token occurs
     # keep_logits: per generated token, the model's AR logits at its position (given the committed text before it);
     # `next_logits` are those of the slot after the committed text, `step_logits` this step's run rows' (row i:
@@ -185,24 +186,26 @@ class DecodingRow:
             del self.window[size + self.leading_run() :]
         if any(slot is not None and slot.token in stop_ids for slot in self.window):
             return
-        if self.settings.lossless:
-            # Context drafts unless the model's own last drafts all held (counting, copying): there a wrong context
-            # draft would only displace them. A step that drafts from the context adds no masks after its drafts:
-            # their rows would cost as much as the drafts, for guesses drawn with unverified drafts in view.
+        if self.settings.lossless and self.settings.context_drafts and self.prefilled:
+            # While the model's own last drafts all held (counting, copying), only a long match is copied: a wrong
+            # context draft would displace good model drafts. A step that drafts from the context adds no masks
+            # after its drafts: their rows would cost as much as the drafts, for guesses drawn with unverified
+            # drafts in view.
             run = self.leading_run()
-            if self.settings.context_drafts and self.prefilled and not self.model_window.held:
-                self.draft_from_context()
-                if self.leading_run() > run:
-                    size = 0
+            self.draft_from_context(long_only=self.model_window.held)
+            if self.leading_run() > run:
+                size = 0
         room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
         wanted = size + self.leading_run() - len(self.window)
         self.window.extend([None] * max(0, min(wanted, room)))
 
-    def draft_from_context(self) -> None:
+    def draft_from_context(self, long_only: bool = False) -> None:
         """Fills the masks right after the leading run with the tokens that followed the latest earlier occurrence
         of the text's suffix (at most W of them, within the token budget, up to a stop token); they are verified
-        with the run in the next forward. A continuation that contradicts one of the model's own fills on its way
-        is dropped whole: the model is confident there, and a rejected context draft would discard its fills."""
+        with the run in the next forward; nothing while the context source rests, and with `long_only` only a long
+        match (LONG_MATCH tokens agree). A continuation that contradicts one of the model's own
+        fills on its way is dropped whole: the model is confident there, and a rejected context draft would
+        discard its fills."""
         run = self.leading_run()
         pending = [slot.token for slot in self.window[:run]]
         stop_ids = self.settings.stop_ids
@@ -212,12 +215,11 @@ class DecodingRow:
         if self.context is None:
             self.context = ContextIndex()
         self.context.extend(committed[self.context.length :])
-        limit = min(
-            self.settings.window_size,
-            self.context_window.size,
-            self.settings.max_new_tokens - len(self.generated) - run,
-        )
-        drafts = self.context.continuation(committed + pending, self.settings.context_ngram, limit)
+        limit = min(self.settings.window_size, self.settings.max_new_tokens - len(self.generated) - run)
+        drafts, length = self.context.lookup(committed + pending, self.settings.context_ngram, limit)
+        if long_only and length < LONG_MATCH:
+            return
+        del drafts[self.context_window.size :]  # nothing while the source rests
         for i, token in enumerate(drafts):
             if token in stop_ids:
                 del drafts[i + 1 :]
@@ -558,45 +560,7 @@ class StreamingDecoder:
         self.kv.select_rows(survivors)
 
 
-MAX_PROBE_WAIT = 64
-GROWTH = 4  # a draft window whose drafts all held grows to this many times its size, or the drafts checked (up to W)
-JOIN_MASKS = 4  # lossless mode: masks fed with a joining row's prompt (that forward is wide anyway)
 MAX_FORCED = 64  # forced tokens placed per step and row, beyond the window (a grammar's fixed string)
-
-
-@dataclass
-class DraftWindow:
-    """How many drafts of one source a lossless row tries per step: halved at a rejection, and when every one held
-    quadrupled, or made four times the drafts just checked if that is more (on easy text a window too small costs
-    forwards, one too large only rows). The model's own drafts start at `smallest` after the JOIN_MASKS of the
-    joining forward (on hard text a full window of them would mostly be wasted rows, and easy text reaches W in two
-    steps); context drafts start unbounded (up to W), as prompt lookup does. Below `smallest` (the fewest worth
-    a try) it is 0 and the source rests, so a step where every source rests feeds only the final token, an AR
-    step's cost; after `wait` such steps it tries `smallest` drafts again, and each try that fails doubles the wait
-    (up to MAX_PROBE_WAIT)."""
-
-    smallest: int
-    size: int = 1 << 30  # capped by W where used
-    wait: int = 1
-    quiet: int = 0
-    held: bool = False  # the last drafts checked were all accepted
-
-    def update(self, limit: int, checked: int, rejected: bool) -> None:
-        if checked:
-            self.held = not rejected
-            current = min(self.size, limit)
-            if rejected:
-                self.size = current // 2 if current // 2 >= self.smallest else 0
-                if self.size == 0:
-                    self.wait = min(MAX_PROBE_WAIT, self.wait * 2)
-                    self.quiet = 0
-            else:
-                self.size = min(limit, max(self.smallest, max(current, checked) * GROWTH))
-                self.wait = 1
-        elif self.size == 0:
-            self.quiet += 1
-            if self.quiet >= self.wait:
-                self.size = self.smallest
 
 
 def _restrict_to_grammar(row: DecodingRow, logits: torch.Tensor, columns: list[int], run: int, joining: bool) -> None:

@@ -1,0 +1,80 @@
+"""How many drafts a lossless row tries per step, for each source of drafts (docs/algorithm.md section 6.d).
+
+The output never depends on the drafts, only the work does: a draft that fails costs its row, and a step that
+feeds more than the final token costs more than an AR step. So each source adapts to how its drafts fare, and a
+source whose drafts keep failing rests: a step where every source rests feeds only the final token, an AR step's
+cost. A resting source tries again after `wait` quiet steps, and each try that fails doubles the wait (up to
+MAX_PROBE_WAIT).
+"""
+
+from dataclasses import dataclass
+
+MAX_PROBE_WAIT = 64
+GROWTH = 4  # a model window whose drafts all held grows to this many times its size, or the drafts checked (up to W)
+JOIN_MASKS = 4  # masks fed with a joining row's prompt (that forward is wide anyway), before the model window
+PATIENCE = 4  # context tries in a row whose first draft failed, before context drafts rest
+PROBE = 2  # context drafts tried after a rest
+
+
+@dataclass
+class DraftWindow:
+    """The model's own drafts: how many masks a row feeds. Halved at a rejection; when every draft held, made four
+    times the larger of itself and the drafts just checked (on easy text a window too small costs forwards, one too
+    large only rows). It starts at `smallest` after the JOIN_MASKS of the joining forward (on hard text a full window
+    would mostly be wasted rows; easy text reaches W in two steps). Below `smallest` (the fewest worth a try) it is 0
+    and the source rests; it then tries `smallest` drafts again."""
+
+    smallest: int
+    size: int = 1 << 30  # capped by W where used
+    wait: int = 1
+    quiet: int = 0
+    held: bool = False  # the last drafts checked were all accepted
+
+    def update(self, limit: int, checked: int, rejected: bool) -> None:
+        if checked:
+            self.held = not rejected
+            current = min(self.size, limit)
+            if rejected:
+                self.size = current // 2 if current // 2 >= self.smallest else 0
+                if self.size == 0:
+                    self.wait = min(MAX_PROBE_WAIT, self.wait * 2)
+                    self.quiet = 0
+            else:
+                self.size = min(limit, max(self.smallest, max(current, checked) * GROWTH))
+                self.wait = 1
+        elif self.size == 0:
+            self.quiet += 1
+            if self.quiet >= self.wait:
+                self.size = self.smallest
+
+
+@dataclass
+class ContextWindow:
+    """Drafts copied from the context: the whole continuation (up to W), as prompt lookup drafts it, for as long
+    as the copies pay off. A copy that fails at its first token costs its rows and no forward, and the next one
+    often holds (code repeats in stretches), so the source rests only after PATIENCE tries in a row failed at
+    their first draft. After a rest it tries PROBE drafts: one that fails sends it back to rest, one that commits
+    a draft ends the streak and the next copy is whole again."""
+
+    size: int = 1 << 30  # 0 while resting; otherwise capped by W where used
+    wait: int = 1
+    quiet: int = 0
+    failures: int = 0  # tries in a row whose first draft failed
+    held: bool = False  # the last drafts checked were all accepted
+
+    def update(self, limit: int, checked: int, rejected: bool) -> None:
+        if checked:
+            self.held = not rejected
+            if rejected and checked == 1:
+                self.failures += 1
+            else:
+                self.failures, self.wait = 0, 1
+            if self.failures >= PATIENCE:
+                self.size, self.failures, self.quiet = 0, PATIENCE - 1, 0
+                self.wait = min(MAX_PROBE_WAIT, self.wait * 2)
+            else:
+                self.size = limit
+        elif self.size == 0:
+            self.quiet += 1
+            if self.quiet >= self.wait:
+                self.size = PROBE
