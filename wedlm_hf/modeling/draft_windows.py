@@ -60,11 +60,9 @@ class ContextWindow:
     wait: int = 1
     quiet: int = 0
     failures: int = 0  # tries in a row whose first draft failed
-    held: bool = False  # the last drafts checked were all accepted
 
     def update(self, limit: int, checked: int, rejected: bool) -> None:
         if checked:
-            self.held = not rejected
             if rejected and checked == 1:
                 self.failures += 1
             else:
