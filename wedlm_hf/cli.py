@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(bench, tau=1e9)  # accept every mask: measures the mechanics, not a model
 
     bl = command("bench-lossless", "lossless WeDLM vs AR generate vs prompt lookup decoding, per prompt family")
-    bl.add_argument("--prompts-per-family", type=positive_int, default=3, help="prompts of each family")
+    bl.add_argument("--prompts-per-family", type=positive_int, default=10, help="prompts of each family")
     _add_prompt_bench_args(bl, new_tokens=64)
     bl.add_argument(
         "--compiled",

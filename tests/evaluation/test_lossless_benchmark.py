@@ -76,7 +76,7 @@ def test_repeat_prompts_and_command_defaults():
     prompts = repeat_prompts(3)
     assert len(set(prompts)) == 3 and prompts == repeat_prompts(3) and prompts[2].startswith("def unpack(")
     args = build_parser().parse_args(["bench-lossless"])
-    assert (args.prompts_per_family, args.new_tokens, args.repeats, args.threads) == (3, 64, 3, 1)
+    assert (args.prompts_per_family, args.new_tokens, args.repeats, args.threads) == (10, 64, 3, 1)
     assert args.model is None and args.json is None and not args.compiled
     assert build_parser().parse_args(["bench-lossless", "--compiled"]).compiled
     assert callable(lossless_benchmark.bench_lossless_command)

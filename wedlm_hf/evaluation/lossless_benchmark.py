@@ -77,7 +77,7 @@ def prompt_families(tokenizer, per_family: int, train_items_per_family: int = 20
 
 def run_lossless_benchmark(
     model_path: str,
-    prompts_per_family: int = 3,
+    prompts_per_family: int = 10,
     new_tokens: int = 64,
     repeats: int = 3,
     threads: int = 1,
