@@ -3,7 +3,7 @@
 import torch
 from conftest import EOS_ID
 
-from wedlm_hf.modeling.draft_windows import JOIN_MASKS, PATIENCE, PROBE, ContextWindow, DraftWindow
+from wedlm_hf.modeling.draft_windows import COPY_TOKENS, JOIN_MASKS, PATIENCE, PROBE, ContextWindow, DraftWindow
 from wedlm_hf.modeling.streaming_decoder import DecodingRow, DecodingSettings, Fill, StreamingDecoder
 
 
@@ -114,7 +114,7 @@ def test_context_drafts_rest_after_a_streak_of_failed_copies():
     assert window.size == 16
 
 
-def copying_row(text: list, window: list, held: bool, resting: bool = False) -> DecodingRow:
+def copying_row(text: list, window: list, held: bool | None, resting: bool = False) -> DecodingRow:
     row = lossless_row(window)
     row.prompt = list(text)
     row.prompt_fed = len(text)
@@ -140,3 +140,38 @@ def test_while_the_model_drafts_hold_only_a_long_match_is_copied():
     row = copying_row(long, [Fill(26, final=True)], held=True, resting=True)  # a resting source copies nothing
     row.refill()
     assert tokens(row) == [26]
+
+
+def test_once_the_model_drafts_failed_a_copy_takes_their_place():
+    """The model's unverified drafts stand before a copy: after its last drafts failed, the copy continues the final
+    token in their place. Before any of its drafts were checked (a joining row's), the copy follows them."""
+    text = [1, 2, 3, 4, 9, 8, 7, 3]  # with the final token 4: "3 4" occurred before, followed by "9 8 7 3"
+    row = copying_row(text, [Fill(4, final=True), Fill(40), Fill(41), None], held=False)
+    row.model_window.size = 2
+    row.refill()
+    assert tokens(row) == [4, 9, 8, 7, 3]  # no masks after a copy
+    assert [slot.source for slot in row.window[1:]] == ["context"] * 4
+    row = copying_row(text, [Fill(4, final=True), Fill(9), Fill(8), None], held=None)
+    row.model_window.size = 2
+    row.refill()
+    assert tokens(row) == [4, 9, 8, 7, 3]  # "3 4 9 8" matched through the drafts: the copy goes on after them
+    assert [slot.source for slot in row.window[1:]] == ["model", "model", "context", "context"]
+    # A grammar's forced tokens are no guess: the copy goes on after them.
+    row = copying_row(text, [Fill(4, final=True), Fill(9, source="forced"), Fill(41), None], held=False)
+    row.model_window.size = 2
+    row.refill()
+    assert tokens(row) == [4, 9, 8, 7, 3]
+    assert [slot.source for slot in row.window[1:]] == ["forced", "context", "context", "context"]
+    # No copy to make: the model's drafts stay, with the masks of its window.
+    row = copying_row([1, 2, 5], [Fill(4, final=True), Fill(40), None], held=False)
+    row.model_window.size = 2
+    row.refill()
+    assert tokens(row) == [4, 40, None, None]
+
+
+def test_a_copy_is_at_most_copy_tokens_long():
+    text = list(range(10, 40))  # the final token 10 occurred before, followed by 29 tokens
+    row = copying_row(text, [Fill(10, final=True)], held=False)
+    row.settings.window_size = 32
+    row.refill()
+    assert tokens(row) == [10] + list(range(11, 11 + COPY_TOKENS))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 MAX_PROBE_WAIT = 64
 GROWTH = 4  # a model window whose drafts all held grows to this many times its size, or the drafts checked (up to W)
 JOIN_MASKS = 4  # masks fed with a joining row's prompt (that forward is wide anyway), before the model window
+COPY_TOKENS = 12  # a copy's length at most: its tail seldom commits, and on a CPU every row fed costs
 PATIENCE = 4  # context tries in a row whose first draft failed, before context drafts rest
 PROBE = 2  # context drafts tried after a rest
 
@@ -28,7 +29,7 @@ class DraftWindow:
     size: int = 1 << 30  # capped by W where used
     wait: int = 1
     quiet: int = 0
-    held: bool = False  # the last drafts checked were all accepted
+    held: bool | None = None  # whether the last drafts checked were all accepted (None: none checked yet)
 
     def update(self, limit: int, checked: int, rejected: bool) -> None:
         if checked:
@@ -50,13 +51,13 @@ class DraftWindow:
 
 @dataclass
 class ContextWindow:
-    """Drafts copied from the context: the whole continuation (up to W), as prompt lookup drafts it, for as long
-    as the copies pay off. A copy that fails at its first token costs its rows and no forward, and the next one
-    often holds (code repeats in stretches), so the source rests only after PATIENCE tries in a row failed at
-    their first draft. After a rest it tries PROBE drafts: one that fails sends it back to rest, one that commits
-    a draft ends the streak and the next copy is whole again."""
+    """Drafts copied from the context: the whole continuation (up to COPY_TOKENS and W), as prompt lookup drafts it (up
+    to 10), for as long as the copies pay off. A copy that fails at its first token costs its rows and no forward,
+    and the next one often holds (code repeats in stretches), so the source rests only after PATIENCE tries in a row
+    failed at their first draft. After a rest it tries PROBE drafts: one that fails sends it back to rest, one that
+    commits a draft ends the streak and the next copy is whole again."""
 
-    size: int = 1 << 30  # 0 while resting; otherwise capped by W where used
+    size: int = 1 << 30  # 0 while resting; otherwise capped by COPY_TOKENS and W where used
     wait: int = 1
     quiet: int = 0
     failures: int = 0  # tries in a row whose first draft failed

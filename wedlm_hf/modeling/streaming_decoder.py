@@ -18,7 +18,7 @@ import torch
 
 from .context_drafts import LONG_MATCH, ContextIndex
 from .draft_verification import ArPredictions
-from .draft_windows import JOIN_MASKS, ContextWindow, DraftWindow
+from .draft_windows import COPY_TOKENS, JOIN_MASKS, ContextWindow, DraftWindow
 from .grammar_commit import allowed_along, allowed_tokens, restrict, valid_prefix
 from .ragged_cache import RaggedCache
 from .slot_cache import SlotCache
@@ -188,52 +188,63 @@ class DecodingRow:
             return
         if self.settings.lossless and self.settings.context_drafts and self.prefilled:
             # While the model's own last drafts all held (counting, copying), only a long match is copied: a wrong
-            # context draft would displace good model drafts. A step that drafts from the context adds no masks
-            # after its drafts: their rows would cost as much as the drafts, for guesses drawn with unverified
-            # drafts in view.
-            run = self.leading_run()
-            self.draft_from_context(long_only=self.model_window.held)
-            if self.leading_run() > run:
+            # context draft would displace good model drafts. Once they failed (code), a copy continues the final
+            # token in place of their unverified drafts, which would stand before it and could take it down with
+            # them. A step that drafts from the context adds no masks after its drafts: their rows would cost as
+            # much as the drafts, for guesses drawn with unverified drafts in view.
+            held = self.model_window.held
+            if self.draft_from_context(long_only=held is True, replace_model_drafts=held is False):
                 size = 0
         room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
         wanted = size + self.leading_run() - len(self.window)
         self.window.extend([None] * max(0, min(wanted, room)))
 
-    def draft_from_context(self, long_only: bool = False) -> None:
+    def draft_from_context(self, long_only: bool = False, replace_model_drafts: bool = False) -> bool:
         """Fills the masks right after the leading run with the tokens that followed the latest earlier occurrence
-        of the text's suffix (at most W of them, within the token budget, up to a stop token); they are verified
-        with the run in the next forward; nothing while the context source rests, and with `long_only` only a long
-        match (LONG_MATCH tokens agree). A continuation that contradicts one of the model's own
-        fills on its way is dropped whole: the model is confident there, and a rejected context draft would
-        discard its fills."""
+        of the text's suffix (at most COPY_TOKENS and W of them, within the token budget, up to a stop token); they
+        are verified with the run in the next forward; nothing while the context source rests, and with
+        `long_only` only a long match (LONG_MATCH tokens agree). A continuation that contradicts one of the model's
+        own fills on its way is dropped whole: the model is confident there, and a rejected context draft would
+        discard its fills. With `replace_model_drafts` the copy continues the run before the model's first draft
+        (the final token, and tokens a grammar forces) and, if there is one, takes the place of everything after
+        it. Returns whether a copy was placed."""
         run = self.leading_run()
+        if replace_model_drafts:  # the run up to the model's first draft (a grammar's forced tokens stay)
+            own = ("model", "constrained")
+            run = next((i for i in range(1, run) if self.window[i].source in own), run)
         pending = [slot.token for slot in self.window[:run]]
         stop_ids = self.settings.stop_ids
         if not run or any(token in stop_ids for token in pending):
-            return
+            return False
         committed = self.prompt + self.generated
         if self.context is None:
             self.context = ContextIndex()
         self.context.extend(committed[self.context.length :])
-        limit = min(self.settings.window_size, self.settings.max_new_tokens - len(self.generated) - run)
+        room = self.settings.max_new_tokens - len(self.generated) - run
+        limit = min(self.settings.window_size, COPY_TOKENS, room)
         drafts, length = self.context.lookup(committed + pending, self.settings.context_ngram, limit)
         if long_only and length < LONG_MATCH:
-            return
+            return False
         del drafts[self.context_window.size :]  # nothing while the source rests
         for i, token in enumerate(drafts):
             if token in stop_ids:
                 del drafts[i + 1 :]
                 break
+        if not drafts:
+            return False
         window = self.window
+        if replace_model_drafts:
+            del window[run:]
         model_fills = [(window[run + i], token) for i, token in enumerate(drafts) if run + i < len(window)]
         if any(fill is not None and fill.token != token for fill, token in model_fills):
-            return
+            return False
         for i, token in enumerate(drafts):
             slot = run + i
             if slot == len(window):
                 window.append(Fill(token, source="context"))
             elif window[slot] is None:
                 window[slot] = Fill(token, source="context")
+        return True
 
     def commit(self, count: int) -> int:
         """Moves the first `count` window tokens into the committed text, stopping at a stop token or the budget;
