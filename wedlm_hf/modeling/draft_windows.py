@@ -51,8 +51,8 @@ class DraftWindow:
 
 @dataclass
 class ContextWindow:
-    """Drafts copied from the context: the whole continuation (up to COPY_TOKENS and W), as prompt lookup drafts it (up
-    to 10), for as long as the copies pay off. A copy that fails at its first token costs its rows and no forward,
+    """Drafts copied from the context: the whole continuation (up to COPY_TOKENS and W; prompt lookup drafts up to
+    10), for as long as the copies pay off. A copy that fails at its first token costs its rows and no forward,
     and the next one often holds (code repeats in stretches), so the source rests only after PATIENCE tries in a row
     failed at their first draft. After a rest it tries PROBE drafts: one that fails sends it back to rest, one that
     commits a draft ends the streak and the next copy is whole again."""
