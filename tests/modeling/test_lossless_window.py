@@ -175,3 +175,57 @@ def test_a_copy_is_at_most_copy_tokens_long():
     row.settings.window_size = 32
     row.refill()
     assert tokens(row) == [10] + list(range(11, 11 + COPY_TOKENS))
+
+
+class PrefixGrammar:
+    """A grammar state stand-in that accepts exactly the prefixes of `text` (from the end of the committed text)."""
+
+    def __init__(self, text: list):
+        self.text, self.at = list(text), 0
+
+    def accepted(self, tokens: list) -> int:
+        n = 0
+        while n < len(tokens) and self.at + n < len(self.text) and self.text[self.at + n] == tokens[n]:
+            n += 1
+        return n
+
+    def advance(self, tokens: list) -> None:
+        assert self.accepted(tokens) == len(tokens)
+        self.at += len(tokens)
+
+    def rollback(self, count: int) -> None:
+        self.at -= count
+
+    def accepting(self) -> bool:
+        return self.at == len(self.text)
+
+
+def test_under_a_grammar_a_copy_ends_where_the_grammar_rejects_it():
+    """AR under a grammar never chooses a token the grammar rejects, so copying one would only cost rows."""
+    text = [1, 2, 3, 4, 9, 8, 7, 3]  # with the final token 4: "3 4" occurred before, followed by "9 8 7 3"
+    row = copying_row(text, [Fill(4, final=True)], held=False)
+    row.grammar = PrefixGrammar([4, 9, 8, 5])
+    row.refill()
+    assert tokens(row) == [4, 9, 8]
+    assert row.grammar.at == 0  # the grammar's state is still the committed text's
+    row = copying_row(text, [Fill(4, final=True)], held=False)
+    row.grammar = PrefixGrammar([4, 6])  # it rejects the copy's first token: no copy
+    row.refill()
+    assert tokens(row) == [4]
+
+
+def test_after_a_grammars_fixed_string_a_row_feeds_a_mask_to_draft_past_ars_next_token():
+    """The slot after a fixed string is AR's next token; a second mask drafts the token after it (a separator,
+    after which the grammar's next fixed string needs no forward of its own), even while the model's drafts rest."""
+    forced = [Fill(4, final=True), Fill(9, source="forced"), Fill(8, source="forced")]
+    row = lossless_row(forced, context_drafts=False)
+    row.grammar = PrefixGrammar([4, 9, 8, 5, 6])
+    row.model_window.size = 0
+    row.refill()
+    assert tokens(row) == [4, 9, 8, None, None]
+    drafted = [Fill(4, final=True), Fill(9, source="forced"), Fill(8)]  # the run ends with a draft: it rests
+    row = lossless_row(drafted, context_drafts=False)
+    row.grammar = PrefixGrammar([4, 9, 8, 5, 6])
+    row.model_window.size = 0
+    row.refill()
+    assert tokens(row) == [4, 9, 8]

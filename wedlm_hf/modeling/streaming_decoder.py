@@ -181,6 +181,12 @@ class DecodingRow:
             if stop is not None:  # a draft past a stop token could only commit if the text went on after it
                 del self.window[stop + 1 :]
             size = min(size, self.model_window.size if self.prefilled else JOIN_MASKS)
+            run = self.leading_run()
+            if self.grammar is not None and self.prefilled and run > 1 and self.window[run - 1].source == "forced":
+                # After a grammar's fixed string the next token is AR's own; the mask after it drafts the token
+                # after that (e.g. the separator after a one-token value), and the grammar's next fixed string
+                # then follows it without a forward of its own.
+                size = max(size, 2)
             if size < 2 and self.prefilled:  # the slot after the final token is always taken by the next one
                 size = 0
             del self.window[size + self.leading_run() :]
@@ -201,13 +207,13 @@ class DecodingRow:
 
     def draft_from_context(self, long_only: bool = False, replace_model_drafts: bool = False) -> bool:
         """Fills the masks right after the leading run with the tokens that followed the latest earlier occurrence
-        of the text's suffix (at most COPY_TOKENS and W of them, within the token budget, up to a stop token); they
-        are verified with the run in the next forward; nothing while the context source rests, and with
-        `long_only` only a long match (LONG_MATCH tokens agree). A continuation that contradicts one of the model's
-        own fills on its way is dropped whole: the model is confident there, and a rejected context draft would
-        discard its fills. With `replace_model_drafts` the copy continues the run before the model's first draft
-        (the final token, and tokens a grammar forces) and, if there is one, takes the place of everything after
-        it. Returns whether a copy was placed."""
+        of the text's suffix (at most COPY_TOKENS and W of them, within the token budget, up to a stop token, and
+        under a grammar up to the first token it rejects); they are verified with the run in the next forward;
+        nothing while the context source rests, and with `long_only` only a long match (LONG_MATCH tokens agree).
+        A continuation that contradicts one of the model's own fills on its way is dropped whole: the model is
+        confident there, and a rejected context draft would discard its fills. With `replace_model_drafts` the copy
+        continues the run before the model's first draft (the final token, and tokens a grammar forces) and, if
+        there is one, takes the place of everything after it. Returns whether a copy was placed."""
         run = self.leading_run()
         if replace_model_drafts:  # the run up to the model's first draft (a grammar's forced tokens stay)
             own = ("model", "constrained")
@@ -230,6 +236,8 @@ class DecodingRow:
             if token in stop_ids:
                 del drafts[i + 1 :]
                 break
+        if self.grammar is not None:  # a draft the grammar rejects is one AR under it never chooses
+            del drafts[max(0, valid_prefix(self.grammar, pending + drafts, stop_ids) - run) :]
         if not drafts:
             return False
         window = self.window
