@@ -89,3 +89,41 @@ def test_a_forced_string_is_filled_whole(shipped):
     forced = state.forced()
     assert tokenizer.decode(forced) == '{"name": "'
     assert state.accepted(forced) == len(forced)
+
+
+def test_guesses_save_forwards(shipped, monkeypatch):
+    """Greedy default mode places an unconfident choice that a fixed string follows (a separator, a one-token value)
+    as a guess, checked against AR's own restricted choice by the forward that feeds it: fewer forwards, and every
+    output still validates."""
+    from wedlm_hf.modeling import streaming_decoder
+
+    model, tokenizer = shipped
+    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    checked = []
+    commit_valid = streaming_decoder._commit_valid
+
+    def spy(row, run):
+        guesses = [i for i in range(1, run) if row.window[i].guess]
+        count, failed = commit_valid(row, run)
+        checked.append((len(guesses), failed))
+        return count, failed
+
+    def decode():
+        out = model.generate(
+            **inputs,
+            strategy="wedlm",
+            wedlm_window_size=4,
+            grammar=SCHEMAS,
+            tokenizer=tokenizer,
+            max_new_tokens=120,
+            return_dict_in_generate=True,
+        )
+        for schema, row in zip(SCHEMAS, out.sequences[:, inputs.input_ids.shape[1] :]):
+            jsonschema.validate(json.loads(tokenizer.decode(row, skip_special_tokens=True)), schema)
+        return sum(s.forwards for s in out.wedlm_stats)
+
+    monkeypatch.setattr(streaming_decoder, "_commit_valid", spy)
+    with_guesses = decode()
+    assert sum(n for n, _ in checked) > sum(failed for _, failed in checked)  # guesses were made, and most held
+    monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
+    assert with_guesses < decode()

@@ -97,13 +97,15 @@ class Fill:
     `q` / `verifiable`: for sampled drafts in lossless mode (see `draft_verification.judge_draft`). `source`:
     "model" (a fill by the entropy rule), "context" (copied from the context; its q is a point mass), "forced" (the
     row's grammar allows nothing else; a point mass too) or "constrained" (chosen among the tokens the grammar
-    allows, from the AR logits of the slot after the committed text)."""
+    allows, from the AR logits of the slot after the committed text). `guess`: a default-mode fill under a grammar
+    that commits only where AR's own choice there agrees (see `_constrain_window`)."""
 
     token: int
     final: bool = False
     q: torch.Tensor | None = None
     verifiable: bool = True
     source: str = "model"
+    guess: bool = False
 
 
 @dataclass(eq=False)
@@ -456,14 +458,15 @@ class StreamingDecoder:
             if row.grammar is not None and row.settings.lossless:
                 _restrict_to_grammar(row, logits[b], cs, runs[b], bool(starts[b]))
         predictions = _ar_predictions(rows, logits, {b: cs for b, cs in ar_rows.items() if rows[b].settings.lossless})
-        kept = []
+        kept, stale = [], {}  # stale: rows whose masks all saw a guess that failed
         for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
             if not decode:
                 kept.append(0)
             elif row.settings.lossless:
                 kept.append(self._verify_and_commit(row, run, predictions[b]))
             elif row.grammar is not None:
-                kept.append(_commit_valid(row, run))
+                count, stale[b] = _commit_valid(row, run)
+                kept.append(count)
             else:
                 kept.append(row.commit(run))
             row.prompt_fed += start
@@ -471,6 +474,7 @@ class StreamingDecoder:
         self.kv.keep_leading(width, [start + n for start, n in zip(starts, kept)])
 
         mask_logits = logits[:, [column[c] for c in range(width - n_masks, width)]]
+        feeds = [(filled, [] if stale.get(b) else masks) for b, (filled, masks) in enumerate(feeds)]
         if n_masks:
             self._fill(rows, feeds, mask_logits)
         for b, (row, decode) in enumerate(zip(rows, decodes)):
@@ -580,6 +584,7 @@ class StreamingDecoder:
 
 
 MAX_FORCED = 64  # forced tokens placed per step and row, beyond the window (a grammar's fixed string)
+GUESS_PROBABILITY = 0.3  # a guess's least probability under its mask (restricted); at 0 failed guesses cost more
 
 
 def _restrict_to_grammar(row: DecodingRow, logits: torch.Tensor, columns: list[int], run: int, joining: bool) -> None:
@@ -599,14 +604,26 @@ def _restrict_to_grammar(row: DecodingRow, logits: torch.Tensor, columns: list[i
             logits[column] = restrict(logits[column], mask)
 
 
-def _commit_valid(row: DecodingRow, run: int) -> int:
-    """Default mode: commits the run's leading tokens that the grammar accepts; the first fill it rejects and every
-    fill after it become masks again."""
+def _commit_valid(row: DecodingRow, run: int) -> tuple[int, bool]:
+    """Default mode: commits the run's leading tokens that the grammar accepts, up to a guess that AR's restricted
+    choice there (from the row before it, fed this step) does not confirm; the first fill it rejects and every fill
+    after it become masks again. Returns how many committed, and whether a guess failed (every mask of the step saw
+    it, so none of their fills is kept)."""
     tokens = [slot.token for slot in row.window[:run]]
-    valid = valid_prefix(row.grammar, tokens, row.settings.stop_ids)
+    stop_ids = row.settings.stop_ids
+    valid = valid_prefix(row.grammar, tokens, stop_ids)
+    guesses = [i for i in range(1, valid) if row.window[i].guess]
+    failed = False
+    if guesses:
+        allowed = allowed_along(row.grammar, tokens[: guesses[-1]], stop_ids)
+        for i in guesses:
+            ar = restrict(row.step_logits[i - 1].float(), allowed[i - 1]).argmax()
+            if int(ar) != tokens[i]:
+                valid, failed = i, True
+                break
     if valid < run:
         row.window[valid:] = [None] * (len(row.window) - valid)
-    return row.commit(valid)
+    return row.commit(valid), failed
 
 
 def _open_masks(row: DecodingRow, masks: list[int], n_masks: int) -> list[tuple[int, int]]:
@@ -625,9 +642,11 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
     known: tokens it forces are filled without the model (a whole fixed string when it allows only one); a fill it
     rejects is replaced; an open slot is filled with the model's choice among the tokens it allows, where that
     choice is confident (restricted entropy under the threshold) and always at the slot right after the committed
-    text (default mode: its AR logits), so the next forward commits at least one token. Lossless mode starts after
-    slot 0, AR's own token (chosen restricted already); there every fill is a draft the next forward verifies, and
-    a sampled row's open slots are left to the model (their drafts need the distribution they were drawn from)."""
+    text (default mode: its AR logits), so the next forward commits at least one token. In greedy default mode one
+    unconfident choice a step may stand as a guess (`_worth_a_guess`), which commits only if AR agrees. Lossless
+    mode starts after slot 0, AR's own token (chosen restricted already); there every fill is a draft the next
+    forward verifies, and a sampled row's open slots are left to the model (their drafts need the distribution
+    they were drawn from)."""
     settings, grammar, window, stop_ids = row.settings, row.grammar, row.window, row.settings.stop_ids
     slot = consumed = 0
     if settings.lossless:
@@ -648,6 +667,7 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
         window[0] = None
     room = settings.max_new_tokens - len(row.generated)
     limit = min(room, settings.window_size + slot)  # fills beyond W are never made; forced tokens cost no guess
+    guessed = False
     while slot < limit:
         forced = grammar.forced()[: min(room, slot + MAX_FORCED) - slot]
         limit = min(room, max(limit, slot + len(forced)))
@@ -691,17 +711,39 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
             break
         restricted = restrict(scores.float()[None], allowed)
         threshold = settings.entropy_threshold
-        if not first and (threshold is None or float(entropy(restricted)[0]) >= threshold):
-            break
-        token = int(settings.sampler(restricted)[0])
+        guess = not first and (threshold is None or float(entropy(restricted)[0]) >= threshold)
+        if guess:
+            probabilities = torch.softmax(restricted[0], dim=-1)
+            token = int(probabilities.argmax())
+            if guessed or not _worth_a_guess(row, grammar, token, float(probabilities[token])):
+                break
+            guessed = True
+        else:
+            token = int(settings.sampler(restricted)[0])
         if slot == len(window):
             window.append(None)
-        window[slot] = Fill(token, source="constrained")
+        window[slot] = Fill(token, source="constrained", guess=guess)
         if token in stop_ids:
             break
         grammar.advance([token])
         slot, consumed = slot + 1, consumed + 1
     grammar.rollback(consumed)
+
+
+def _worth_a_guess(row: DecodingRow, grammar, token: int, probability: float) -> bool:
+    """Default mode, greedy: whether an unconfident choice (`token`, the restricted argmax of its mask, with that
+    `probability`) is placed as a guess. Only where the grammar forces a fixed string after it (a separator and
+    the next key, or a closing brace): the forward that checks the guess against AR's own choice then also feeds
+    that string and the masks after it, which reach the next value. A guess that fails costs its rows and that
+    step's mask fills, so a long shot (under GUESS_PROBABILITY) is not placed."""
+    if row.settings.lossless or row.settings.sampler.do_sample or token in row.settings.stop_ids:
+        return False
+    if probability < GUESS_PROBABILITY:
+        return False
+    grammar.advance([token])
+    forces = bool(grammar.forced())
+    grammar.rollback(1)
+    return forces
 
 
 def _ar_predictions(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:
