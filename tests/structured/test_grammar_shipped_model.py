@@ -127,3 +127,28 @@ def test_guesses_save_forwards(shipped, monkeypatch):
     assert sum(n for n, _ in checked) > sum(failed for _, failed in checked)  # guesses were made, and most held
     monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
     assert with_guesses < decode()
+
+
+def test_a_step_whose_guess_failed_keeps_none_of_its_mask_fills(shipped, monkeypatch):
+    """Every mask fed with a guess saw it: when the guess fails, no fill drawn from those masks stays."""
+    from wedlm_hf.modeling import streaming_decoder
+
+    model, tokenizer = shipped
+    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+
+    def model_fills():
+        out = model.generate(
+            **inputs,
+            strategy="wedlm",
+            wedlm_window_size=4,
+            grammar=SCHEMAS,
+            tokenizer=tokenizer,
+            max_new_tokens=120,
+            return_dict_in_generate=True,
+        )
+        return sum(s.tokens - s.forced_tokens - s.constrained_tokens for s in out.wedlm_stats)
+
+    assert model_fills() > 0  # the model's own fills commit in this run
+    commit_valid = streaming_decoder._commit_valid
+    monkeypatch.setattr(streaming_decoder, "_commit_valid", lambda row, run: (commit_valid(row, run)[0], True))
+    assert model_fills() == 0
