@@ -152,3 +152,34 @@ def test_a_step_whose_guess_failed_keeps_none_of_its_mask_fills(shipped, monkeyp
     commit_valid = streaming_decoder._commit_valid
     monkeypatch.setattr(streaming_decoder, "_commit_valid", lambda row, run: (commit_valid(row, run)[0], True))
     assert model_fills() == 0
+
+
+def test_lossless_guesses_save_forwards_and_stay_ar_with_the_processor(shipped, monkeypatch):
+    """In lossless mode a guess is a draft: the output stays AR + processor's, in fewer forwards."""
+    from wedlm_hf.evaluation.structured_benchmark import PROMPTS as RECORD_PROMPTS
+    from wedlm_hf.evaluation.structured_benchmark import SCHEMAS as RECORDS
+    from wedlm_hf.modeling import streaming_decoder
+
+    model, tokenizer = shipped
+    schemas = list(RECORDS.values())
+    inputs = tokenizer([RECORD_PROMPTS[0]] * len(schemas), return_tensors="pt", padding=True)
+    ar = model.generate(
+        **inputs, max_new_tokens=96, do_sample=False, logits_processor=[GrammarLogitsProcessor(schemas, tokenizer)]
+    )
+
+    def forwards():
+        out = model.generate(
+            **inputs,
+            strategy="wedlm",
+            wedlm_lossless=True,
+            grammar=schemas,
+            tokenizer=tokenizer,
+            max_new_tokens=96,
+            return_dict_in_generate=True,
+        )
+        assert torch.equal(out.sequences, ar)
+        return sum(s.forwards for s in out.wedlm_stats)
+
+    with_guesses = forwards()
+    monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
+    assert with_guesses < forwards()

@@ -475,12 +475,19 @@ class StreamingDecoder:
 
         mask_logits = logits[:, [column[c] for c in range(width - n_masks, width)]]
         feeds = [(filled, [] if stale.get(b) else masks) for b, (filled, masks) in enumerate(feeds)]
+        grammar_rows = [b for b, (row, d) in enumerate(zip(rows, decodes)) if d and row.grammar is not None]
+        # Lossless mode always drafts a row's leftmost mask: where the grammar rejects that draft, its logits choose
+        # among the tokens the grammar allows.
+        lossless_masks = {
+            b: _open_masks(rows[b], feeds[b][1], n_masks) for b in grammar_rows if rows[b].settings.lossless
+        }
         if n_masks:
             self._fill(rows, feeds, mask_logits)
-        for b, (row, decode) in enumerate(zip(rows, decodes)):
-            if decode and row.grammar is not None and not row.done:
-                open_masks = {slot: mask_logits[b, c] for c, slot in _open_masks(row, feeds[b][1], n_masks)}
-                _constrain_window(row, open_masks)
+        for b in grammar_rows:
+            row = rows[b]
+            if not row.done:
+                masks = lossless_masks[b] if row.settings.lossless else _open_masks(row, feeds[b][1], n_masks)
+                _constrain_window(row, {slot: mask_logits[b, c] for c, slot in masks})
         finished = [row for row in rows if row.done]
         if finished:
             self._retire(finished)
@@ -642,7 +649,7 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
     known: tokens it forces are filled without the model (a whole fixed string when it allows only one); a fill it
     rejects is replaced; an open slot is filled with the model's choice among the tokens it allows, where that
     choice is confident (restricted entropy under the threshold) and always at the slot right after the committed
-    text (default mode: its AR logits), so the next forward commits at least one token. In greedy default mode one
+    text (default mode: its AR logits), so the next forward commits at least one token. In a greedy row one
     unconfident choice a step may stand as a guess (`_worth_a_guess`), which commits only if AR agrees. Lossless
     mode starts after slot 0, AR's own token (chosen restricted already); there every fill is a draft the next
     forward verifies, and a sampled row's open slots are left to the model (their drafts need the distribution
@@ -731,12 +738,13 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
 
 
 def _worth_a_guess(row: DecodingRow, grammar, token: int, probability: float) -> bool:
-    """Default mode, greedy: whether an unconfident choice (`token`, the restricted argmax of its mask, with that
+    """Greedy rows: whether an unconfident choice (`token`, the restricted argmax of its mask, with that
     `probability`) is placed as a guess. Only where the grammar forces a fixed string after it (a separator and
     the next key, or a closing brace): the forward that checks the guess against AR's own choice then also feeds
     that string and the masks after it, which reach the next value. A guess that fails costs its rows and that
-    step's mask fills, so a long shot (under GUESS_PROBABILITY) is not placed."""
-    if row.settings.lossless or row.settings.sampler.do_sample or token in row.settings.stop_ids:
+    step's mask fills, so a long shot (under GUESS_PROBABILITY) is not placed. (In lossless mode a guess is a
+    draft like any other; default mode checks guesses in `_commit_valid`.)"""
+    if row.settings.sampler.do_sample or token in row.settings.stop_ids:
         return False
     if probability < GUESS_PROBABILITY:
         return False
