@@ -163,6 +163,8 @@ def run_structured_benchmark(
             "compiled: cache_implementation='static' with torch.compile(model.forward) (backend "
             f"{compile_backend!r}); vs ARc = tokens/s against AR + processor, compiled"
         )
+    both = f"; both compiled: {rows['WeDLM W=4, compiled']['vs_ar_compiled']:.2f}x" if compiled else ""
+    log(f"WeDLM + grammar W=4 / AR + processor tokens/s: {rows['WeDLM + grammar W=4']['vs_ar']:.2f}x{both}")
     log(
         "tokens by source: forced = filled by the grammar without the model, constrained = the model's choice among "
         "the grammar's allowed tokens (default mode: the slot after the committed text, and confident slots after "
