@@ -91,6 +91,19 @@ def test_a_forced_string_is_filled_whole(shipped):
     assert state.accepted(forced) == len(forced)
 
 
+def records_at_w4(model, tokenizer, inputs):
+    """Greedy default mode at W = 4, one of SCHEMAS per row."""
+    return model.generate(
+        **inputs,
+        strategy="wedlm",
+        wedlm_window_size=4,
+        grammar=SCHEMAS,
+        tokenizer=tokenizer,
+        max_new_tokens=120,
+        return_dict_in_generate=True,
+    )
+
+
 def test_guesses_save_forwards(shipped, monkeypatch):
     """Greedy default mode places an unconfident choice that a fixed string follows (a separator, a one-token value)
     as a guess, checked against AR's own restricted choice by the forward that feeds it: fewer forwards, and every
@@ -109,15 +122,7 @@ def test_guesses_save_forwards(shipped, monkeypatch):
         return count, failed
 
     def decode():
-        out = model.generate(
-            **inputs,
-            strategy="wedlm",
-            wedlm_window_size=4,
-            grammar=SCHEMAS,
-            tokenizer=tokenizer,
-            max_new_tokens=120,
-            return_dict_in_generate=True,
-        )
+        out = records_at_w4(model, tokenizer, inputs)
         for schema, row in zip(SCHEMAS, out.sequences[:, inputs.input_ids.shape[1] :]):
             jsonschema.validate(json.loads(tokenizer.decode(row, skip_special_tokens=True)), schema)
         return sum(s.forwards for s in out.wedlm_stats)
@@ -137,15 +142,7 @@ def test_a_step_whose_guess_failed_keeps_none_of_its_mask_fills(shipped, monkeyp
     inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
 
     def model_fills():
-        out = model.generate(
-            **inputs,
-            strategy="wedlm",
-            wedlm_window_size=4,
-            grammar=SCHEMAS,
-            tokenizer=tokenizer,
-            max_new_tokens=120,
-            return_dict_in_generate=True,
-        )
+        out = records_at_w4(model, tokenizer, inputs)
         return sum(s.tokens - s.forced_tokens - s.constrained_tokens for s in out.wedlm_stats)
 
     assert model_fills() > 0  # the model's own fills commit in this run
