@@ -97,8 +97,8 @@ class Fill:
     `q` / `verifiable`: for sampled drafts in lossless mode (see `draft_verification.judge_draft`). `source`:
     "model" (a fill by the entropy rule), "context" (copied from the context; its q is a point mass), "forced" (the
     row's grammar allows nothing else; a point mass too) or "constrained" (chosen among the tokens the grammar
-    allows, from the AR logits of the slot after the committed text). `guess`: a default-mode fill under a grammar
-    that commits only where AR's own choice there agrees (see `_constrain_window`)."""
+    allows, from the AR logits of the slot after the committed text). `guess`: an unconfident choice under a grammar,
+    placed before a fixed string (`_worth_a_guess`); it commits only where AR's own choice there agrees."""
 
     token: int
     final: bool = False
