@@ -619,15 +619,14 @@ def _commit_valid(row: DecodingRow, run: int) -> tuple[int, bool]:
     tokens = [slot.token for slot in row.window[:run]]
     stop_ids = row.settings.stop_ids
     valid = valid_prefix(row.grammar, tokens, stop_ids)
-    guesses = [i for i in range(1, valid) if row.window[i].guess]
     failed = False
-    if guesses:
-        allowed = allowed_along(row.grammar, tokens[: guesses[-1]], stop_ids)
-        for i in guesses:
-            ar = restrict(row.step_logits[i - 1].float(), allowed[i - 1]).argmax()
-            if int(ar) != tokens[i]:
-                valid, failed = i, True
-                break
+    for i in [i for i in range(1, valid) if row.window[i].guess]:
+        row.grammar.advance(tokens[:i])  # only the guess's own slot needs the grammar's allowed tokens
+        allowed = allowed_tokens(row.grammar, stop_ids)
+        row.grammar.rollback(i)
+        if int(restrict(row.step_logits[i - 1].float(), allowed).argmax()) != tokens[i]:
+            valid, failed = i, True
+            break
     if valid < run:
         row.window[valid:] = [None] * (len(row.window) - valid)
     return row.commit(valid), failed
