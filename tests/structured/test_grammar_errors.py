@@ -34,6 +34,14 @@ def test_bad_specs_are_refused_by_name(model64, char_tokenizer, spec, message):
         wedlm(model64, char_tokenizer, grammar=spec, tokenizer=char_tokenizer)
 
 
+@pytest.mark.parametrize("spec", [("regex", "(["), ("lark", "start: ("), {"type": "string", "pattern": "(["}])
+def test_a_compile_error_is_one_line(char_tokenizer, spec):
+    """llguidance echoes the source with a caret under it; the error keeps the message, on one line."""
+    with pytest.raises(ValueError) as error:
+        compile_grammar(spec, char_tokenizer)
+    assert "cannot be compiled: " in str(error.value) and "\n" not in str(error.value) and "^" not in str(error.value)
+
+
 def test_misuse_is_refused(model64, char_tokenizer):
     with pytest.raises(ValueError, match="pass tokenizer="):
         wedlm(model64, char_tokenizer, grammar=SCHEMA)

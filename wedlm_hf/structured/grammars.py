@@ -9,6 +9,7 @@ grammars), and answers exactly the questions commit-time checking asks: how many
 """
 
 import json
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -154,10 +155,10 @@ def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Gram
     definition = _definition(llguidance.LLMatcher, kind, text)
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, ll_tokenizer)
     if failed:
-        raise ValueError(f"grammar= ({kind}) cannot be compiled: {messages[0]}")
+        raise ValueError(f"grammar= ({kind}) cannot be compiled: {_one_line(messages[0])}")
     template = llguidance.LLMatcher(ll_tokenizer, definition, log_level=0)
     if template.is_error():
-        raise ValueError(f"grammar= ({kind}) cannot be compiled: {template.get_error()}")
+        raise ValueError(f"grammar= ({kind}) cannot be compiled: {_one_line(template.get_error())}")
     grammar = Grammar(template, vocab_size, list(ll_tokenizer.eos_tokens), kind, text, ll_tokenizer)
     with _lock:
         _compiled[key] = grammar
@@ -178,7 +179,13 @@ def _definition(matcher_type, kind: str, text: str) -> str:
 
         return grammar_from("ebnf", text)
     except ValueError as error:
-        raise ValueError(f"grammar= ({kind}) cannot be compiled: {error}") from None
+        raise ValueError(f"grammar= ({kind}) cannot be compiled: {_one_line(str(error))}") from None
+
+
+def _one_line(message: str) -> str:
+    """llguidance's error on one line: without the source line it echoes and the caret under it."""
+    lines = (line.strip() for line in message.splitlines())
+    return " ".join(line for line in lines if line and not set(line) <= {"^"} and not re.match(r"\d+ \| ", line))
 
 
 def _from_matcher(matcher, tokenizer, vocab_size: int | None) -> Grammar:
