@@ -134,6 +134,49 @@ def test_guesses_save_forwards(shipped, monkeypatch):
     assert with_guesses < decode()
 
 
+def test_sampled_rows_guess_too(shipped, monkeypatch):
+    """Sampled rows place guesses as greedy rows do (each kept with AR's probability of it, the unit tests check the
+    rule): fewer forwards over a few seeds, and every output still validates."""
+    from wedlm_hf.modeling import streaming_decoder
+
+    model, tokenizer = shipped
+    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    checked = []
+    commit_valid = streaming_decoder._commit_valid
+
+    def spy(row, run):
+        guesses = [i for i in range(1, run) if row.window[i].guess]
+        count, failed = commit_valid(row, run)
+        checked.append((len(guesses), failed))
+        return count, failed
+
+    def forwards():
+        total = 0
+        for seed in range(3):
+            torch.manual_seed(seed)
+            out = model.generate(
+                **inputs,
+                strategy="wedlm",
+                wedlm_window_size=4,
+                grammar=SCHEMAS,
+                tokenizer=tokenizer,
+                do_sample=True,
+                temperature=0.7,
+                max_new_tokens=120,
+                return_dict_in_generate=True,
+            )
+            for schema, row in zip(SCHEMAS, out.sequences[:, inputs.input_ids.shape[1] :]):
+                jsonschema.validate(json.loads(tokenizer.decode(row, skip_special_tokens=True)), schema)
+            total += sum(s.forwards for s in out.wedlm_stats)
+        return total
+
+    monkeypatch.setattr(streaming_decoder, "_commit_valid", spy)
+    with_guesses = forwards()
+    assert sum(n for n, _ in checked) > sum(failed for _, failed in checked) > 0  # guesses made; most held, not all
+    monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
+    assert with_guesses < forwards()
+
+
 def test_a_step_whose_guess_failed_keeps_none_of_its_mask_fills(shipped, monkeypatch):
     """Every mask fed with a guess saw it: when the guess fails, no fill drawn from those masks stays."""
     from wedlm_hf.modeling import streaming_decoder

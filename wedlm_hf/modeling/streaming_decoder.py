@@ -93,12 +93,13 @@ class DecodingSettings:
 
 @dataclass(eq=False)
 class Fill:
-    """A filled window slot. `final`: lossless mode's own AR token, committed by the next forward without a check.
-    `q` / `verifiable`: for sampled drafts in lossless mode (see `draft_verification.judge_draft`). `source`:
-    "model" (a fill by the entropy rule), "context" (copied from the context; its q is a point mass), "forced" (the
-    row's grammar allows nothing else; a point mass too) or "constrained" (chosen among the tokens the grammar
-    allows, from the AR logits of the slot after the committed text). `guess`: an unconfident choice under a grammar,
-    placed before a fixed string (`_worth_a_guess`); it commits only where AR's own choice there agrees."""
+    """A filled window slot. `final`: AR's own token, committed by the next forward without a check (lossless mode's
+    final token; under a grammar, the draw that takes a failed sampled guess's place). `q` / `verifiable`: for
+    sampled drafts in lossless mode (see `draft_verification.judge_draft`). `source`: "model" (a fill by the entropy
+    rule), "context" (copied from the context; its q is a point mass), "forced" (the row's grammar allows nothing
+    else; a point mass too) or "constrained" (chosen among the tokens the grammar allows, from the AR logits of the
+    slot after the committed text). `guess`: an unconfident choice under a grammar, placed before a fixed string
+    (`_worth_a_guess`); it commits only as AR's own choice there would (`_commit_valid`)."""
 
     token: int
     final: bool = False
@@ -615,21 +616,39 @@ def _commit_valid(row: DecodingRow, run: int) -> tuple[int, bool]:
     """Default mode: commits the run's leading tokens that the grammar accepts, up to a guess that AR's restricted
     choice there (from the row before it, fed this step) does not confirm; the first fill it rejects and every fill
     after it become masks again. Returns how many committed, and whether a guess failed (every mask of the step saw
-    it, so none of their fills is kept)."""
+    it, so none of their fills is kept).
+
+    A guess stands where default mode would put AR's restricted choice one forward later: greedy, the argmax; in a
+    sampled row, a draw from the warped restricted distribution p. A sampled row keeps the guess g with probability
+    p(g) and otherwise draws from p without g, and that draw takes the guess's slot for the next forward (`final`,
+    kept by `_constrain_window`): the slot's token is then distributed as p, as if no guess had been made."""
     tokens = [slot.token for slot in row.window[:run]]
-    stop_ids = row.settings.stop_ids
+    stop_ids, sampler = row.settings.stop_ids, row.settings.sampler
     valid = valid_prefix(row.grammar, tokens, stop_ids)
-    failed = False
+    failed, carried = False, None
     for i in [i for i in range(1, valid) if row.window[i].guess]:
         row.grammar.advance(tokens[:i])  # only the guess's own slot needs the grammar's allowed tokens
         allowed = allowed_tokens(row.grammar, stop_ids)
         row.grammar.rollback(i)
-        if int(restrict(row.step_logits[i - 1].float(), allowed).argmax()) != tokens[i]:
-            valid, failed = i, True
-            break
+        scores = restrict(row.step_logits[i - 1].float(), allowed)
+        if sampler.do_sample:
+            p = sampler.probabilities(scores[None])[0]
+            if sampler.uniform(p.device) < float(p[tokens[i]]):
+                continue
+            residual = p.clone()
+            residual[tokens[i]] = 0
+            if float(residual.sum()) > 0:
+                carried = int(sampler.draw((residual / residual.sum())[None])[0])
+        elif int(scores.argmax()) == tokens[i]:
+            continue
+        valid, failed = i, True
+        break
     if valid < run:
         row.window[valid:] = [None] * (len(row.window) - valid)
-    return row.commit(valid), failed
+    count = row.commit(valid)
+    if carried is not None and count == valid and not row.done:
+        row.window[0] = Fill(carried, final=True, source="constrained")
+    return count, failed
 
 
 def _open_masks(row: DecodingRow, masks: list[int], n_masks: int) -> list[tuple[int, int]]:
@@ -648,11 +667,11 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
     known: tokens it forces are filled without the model (a whole fixed string when it allows only one); a fill it
     rejects is replaced; an open slot is filled with the model's choice among the tokens it allows, where that
     choice is confident (restricted entropy under the threshold) and always at the slot right after the committed
-    text (default mode: its AR logits), so the next forward commits at least one token. In a greedy row one
-    unconfident choice a step may stand as a guess (`_worth_a_guess`), which commits only if AR agrees. Lossless
-    mode starts after slot 0, AR's own token (chosen restricted already); there every fill is a draft the next
-    forward verifies, and a sampled row's open slots are left to the model (their drafts need the distribution
-    they were drawn from)."""
+    text (default mode: its AR logits), so the next forward commits at least one token. One unconfident choice a
+    step may stand as a guess (`_worth_a_guess`), which commits only as AR's own choice there would
+    (`_commit_valid`). Lossless mode starts after slot 0, AR's own token (chosen restricted already); there every
+    fill is a draft the next forward verifies, and a sampled row's open slots are left to the model (their drafts
+    need the distribution they were drawn from)."""
     settings, grammar, window, stop_ids = row.settings, row.grammar, row.window, row.settings.stop_ids
     slot = consumed = 0
     if settings.lossless:
@@ -669,8 +688,8 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
             row.done, row.finish_reason = True, row.finish_reason or "stop"
             return
         slot = consumed = 1
-    elif window and window[0] is not None:  # a fill from this step's masks: AR's restricted choice is better
-        window[0] = None
+    elif window and window[0] is not None and not window[0].final:  # a fill from this step's masks: AR's
+        window[0] = None  # restricted choice is better (a `final` one is AR's, drawn where a sampled guess failed)
     room = settings.max_new_tokens - len(row.generated)
     limit = min(room, settings.window_size + slot)  # fills beyond W are never made; forced tokens cost no guess
     guessed = False
@@ -737,15 +756,13 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
 
 
 def _worth_a_guess(row: DecodingRow, grammar, token: int, probability: float) -> bool:
-    """Greedy rows: whether an unconfident choice (`token`, the restricted argmax of its mask, with that
-    `probability`) is placed as a guess. Only where the grammar forces a fixed string after it (a separator and
-    the next key, or a closing brace): the forward that checks the guess against AR's own choice then also feeds
+    """Whether an unconfident choice (`token`, the restricted argmax of its mask, with that `probability`) is placed
+    as a guess. Only where the grammar forces a fixed string after it (a separator and the next key, or a closing
+    brace): the forward that checks the guess against AR's own choice then also feeds
     that string and the masks after it, which reach the next value. A guess that fails costs its rows and that
     step's mask fills, so a long shot (under GUESS_PROBABILITY) is not placed. (In lossless mode a guess is a
     draft like any other; default mode checks guesses in `_commit_valid`.)"""
-    if row.settings.sampler.do_sample or token in row.settings.stop_ids:
-        return False
-    if probability < GUESS_PROBABILITY:
+    if token in row.settings.stop_ids or probability < GUESS_PROBABILITY:
         return False
     grammar.advance([token])
     forces = bool(grammar.forced())
