@@ -104,14 +104,10 @@ def records_at_w4(model, tokenizer, inputs):
     )
 
 
-def test_guesses_save_forwards(shipped, monkeypatch):
-    """Greedy default mode places an unconfident choice that a fixed string follows (a separator, a one-token value)
-    as a guess, checked against AR's own restricted choice by the forward that feeds it: fewer forwards, and every
-    output still validates."""
+def spy_on_guesses(monkeypatch) -> list[tuple[int, bool]]:
+    """From now on, each default-mode commit under a grammar appends (guesses checked, whether one failed)."""
     from wedlm_hf.modeling import streaming_decoder
 
-    model, tokenizer = shipped
-    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
     checked = []
     commit_valid = streaming_decoder._commit_valid
 
@@ -121,13 +117,26 @@ def test_guesses_save_forwards(shipped, monkeypatch):
         checked.append((len(guesses), failed))
         return count, failed
 
+    monkeypatch.setattr(streaming_decoder, "_commit_valid", spy)
+    return checked
+
+
+def test_guesses_save_forwards(shipped, monkeypatch):
+    """Greedy default mode places an unconfident choice that a fixed string follows (a separator, a one-token value)
+    as a guess, checked against AR's own restricted choice by the forward that feeds it: fewer forwards, and every
+    output still validates."""
+    from wedlm_hf.modeling import streaming_decoder
+
+    model, tokenizer = shipped
+    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+
     def decode():
         out = records_at_w4(model, tokenizer, inputs)
         for schema, row in zip(SCHEMAS, out.sequences[:, inputs.input_ids.shape[1] :]):
             jsonschema.validate(json.loads(tokenizer.decode(row, skip_special_tokens=True)), schema)
         return sum(s.forwards for s in out.wedlm_stats)
 
-    monkeypatch.setattr(streaming_decoder, "_commit_valid", spy)
+    checked = spy_on_guesses(monkeypatch)
     with_guesses = decode()
     assert sum(n for n, _ in checked) > sum(failed for _, failed in checked)  # guesses were made, and most held
     monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
@@ -141,14 +150,6 @@ def test_sampled_rows_guess_too(shipped, monkeypatch):
 
     model, tokenizer = shipped
     inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
-    checked = []
-    commit_valid = streaming_decoder._commit_valid
-
-    def spy(row, run):
-        guesses = [i for i in range(1, run) if row.window[i].guess]
-        count, failed = commit_valid(row, run)
-        checked.append((len(guesses), failed))
-        return count, failed
 
     def forwards():
         total = 0
@@ -170,7 +171,7 @@ def test_sampled_rows_guess_too(shipped, monkeypatch):
             total += sum(s.forwards for s in out.wedlm_stats)
         return total
 
-    monkeypatch.setattr(streaming_decoder, "_commit_valid", spy)
+    checked = spy_on_guesses(monkeypatch)
     with_guesses = forwards()
     assert sum(n for n, _ in checked) > sum(failed for _, failed in checked) > 0  # guesses made; most held, not all
     monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
