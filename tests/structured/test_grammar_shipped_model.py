@@ -91,10 +91,11 @@ def test_a_forced_string_is_filled_whole(shipped):
     assert state.accepted(forced) == len(forced)
 
 
-def records_at_w4(model, tokenizer, inputs):
-    """Greedy default mode at W = 4, one of SCHEMAS per row."""
+def records_at_w4(model, tokenizer, inputs, **sampling):
+    """Default mode at W = 4 (greedy unless `sampling` says otherwise), one of SCHEMAS per row."""
     return model.generate(
         **inputs,
+        **sampling,
         strategy="wedlm",
         wedlm_window_size=4,
         grammar=SCHEMAS,
@@ -224,3 +225,32 @@ def test_lossless_guesses_save_forwards_and_stay_ar_with_the_processor(shipped, 
     with_guesses = forwards()
     monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
     assert with_guesses < forwards()
+
+
+def test_a_grammar_row_computes_only_the_logits_its_commit_reads(shipped, monkeypatch):
+    """Default mode under a grammar reads one AR row per step (the slot after the commit) and the row before each
+    guess: the other rows of a run (a forced key, say) get no logits, and the output is the same as with all."""
+    from wedlm_hf.modeling import streaming_decoder
+
+    model, tokenizer = shipped
+    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    rows = []
+    hook = model.lm_head.register_forward_hook(
+        lambda module, args, out: rows.append(args[0].shape[0] * args[0].shape[1])
+    )
+
+    def decode(**sampling):
+        rows.clear()
+        torch.manual_seed(0)
+        sequences = records_at_w4(model, tokenizer, inputs, **sampling).sequences
+        return sequences.tolist(), sum(rows)
+
+    try:
+        few = [decode(), decode(do_sample=True, temperature=0.7)]
+        monkeypatch.setattr(streaming_decoder, "_logit_slots", lambda row, run: list(range(run)))
+        every = [decode(), decode(do_sample=True, temperature=0.7)]
+    finally:
+        hook.remove()
+    for (tokens, fed), (all_tokens, all_fed) in zip(few, every):
+        assert tokens == all_tokens
+        assert fed < all_fed

@@ -132,7 +132,7 @@ class DecodingRow:
     # slot i + 1's), of which the commit takes one per token.
     logits: list = field(default_factory=list)
     next_logits: torch.Tensor | None = None
-    step_logits: torch.Tensor | None = None
+    step_logits: torch.Tensor | list | None = None
     _taken: int = 0
     prefix: list | None = None  # K/V of the prompt's first tokens from elsewhere (a prefix cache), loaded on joining
     grammar: object | None = None  # the row's grammar state (`grammar_commit`), at the end of its committed text
@@ -282,10 +282,11 @@ class DecodingRow:
         return kept
 
     def _take_logits(self) -> None:
-        """The token just committed was predicted by `next_logits`; the next one by its own row's, if fed."""
-        if self.next_logits is None:
-            raise RuntimeError("A committed token has no AR logits: this is a bug in wedlm_hf.")
+        """The token just committed was predicted by `next_logits`; the next one by its own row's, if computed (a
+        grammar row without keep_logits gets only the rows its commit can use: `_logit_slots`)."""
         if self.settings.keep_logits:
+            if self.next_logits is None:
+                raise RuntimeError("A committed token has no AR logits: this is a bug in wedlm_hf.")
             self.logits.append(self.next_logits)
         rows = self.step_logits
         self.next_logits = rows[self._taken] if rows is not None and self._taken < len(rows) else None
@@ -430,11 +431,14 @@ class StreamingDecoder:
         # Logits for the masks, and in lossless mode for the run (it verifies itself) or, for a joining row, for its
         # last prompt token (its AR prediction is the first slot's token).
         n_masks = max(len(m) for _, m in feeds)
-        ar_columns = {}
+        ar_columns, sparse = {}, {}
         for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
             if (row.settings.lossless or row.tracks_logits) and decode:
                 # A joining row's last prompt token predicts slot 0; each run row the slot after it.
-                ar_columns[b] = ([start - 1] if start else []) + list(range(start, start + run))
+                slots = range(run)
+                if row.grammar is not None and not (row.settings.lossless or row.settings.keep_logits or start):
+                    slots = sparse[b] = _logit_slots(row, run)
+                ar_columns[b] = ([start - 1] if start else []) + [start + j for j in slots]
         wanted = set(range(width - n_masks, width)).union(*ar_columns.values())
         columns = sorted(wanted) or [width - 1]
         device = self.kv.device
@@ -454,6 +458,10 @@ class StreamingDecoder:
                 own = logits[b, cs]
                 if starts[b]:  # a joining row's last prompt token predicts slot 0
                     row.next_logits, row.step_logits, row._taken = own[0], own[1:], 0
+                elif b in sparse:  # run slot j's row at step_logits[j], None where not computed
+                    row.step_logits, row._taken = [None] * runs[b], 0
+                    for j, logits_j in zip(sparse[b], own):
+                        row.step_logits[j] = logits_j
                 else:
                     row.step_logits, row._taken = own, 0
             if row.grammar is not None and row.settings.lossless:
@@ -651,6 +659,17 @@ def _commit_valid(row: DecodingRow, run: int) -> tuple[int, bool]:
     return count, failed
 
 
+def _logit_slots(row: DecodingRow, run: int) -> list[int]:
+    """Default mode under a grammar: the run slots whose rows' AR logits the commit can use (row j predicts slot
+    j + 1). Those before each guess, which check it, and that of the last token the grammar accepts, which
+    predicts the slot after the commit. A commit ends at a failed guess or there (`_commit_valid`), so no other row
+    is read; with a vocabulary of 10^5 tokens, each skipped row is a sizeable product saved."""
+    tokens = [slot.token for slot in row.window[:run]]
+    valid = valid_prefix(row.grammar, tokens, row.settings.stop_ids)
+    slots = {i - 1 for i in range(1, valid) if row.window[i].guess}
+    return sorted(slots | ({valid - 1} if valid else set()))
+
+
 def _open_masks(row: DecodingRow, masks: list[int], n_masks: int) -> list[tuple[int, int]]:
     """(mask column, window slot) of the masks fed this step that are still masks (lossless mode may have placed
     its final token on one; a commit moves the slots). Masks are right-aligned in the step's mask columns."""
@@ -732,6 +751,8 @@ def _constrain_window(row: DecodingRow, mask_logits: dict[int, torch.Tensor]) ->
             slot, consumed = slot + 1, consumed + 1
             continue
         scores = row.next_logits if first else mask_logits.get(slot)
+        if first and scores is None and not settings.lossless:
+            raise RuntimeError("The slot after the committed text has no AR logits: this is a bug in wedlm_hf.")
         if scores is None or (settings.lossless and settings.sampler.do_sample):
             break
         restricted = restrict(scores.float()[None], allowed)
