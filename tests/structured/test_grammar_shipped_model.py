@@ -156,17 +156,7 @@ def test_sampled_rows_guess_too(shipped, monkeypatch):
         total = 0
         for seed in range(3):
             torch.manual_seed(seed)
-            out = model.generate(
-                **inputs,
-                strategy="wedlm",
-                wedlm_window_size=4,
-                grammar=SCHEMAS,
-                tokenizer=tokenizer,
-                do_sample=True,
-                temperature=0.7,
-                max_new_tokens=120,
-                return_dict_in_generate=True,
-            )
+            out = records_at_w4(model, tokenizer, inputs, do_sample=True, temperature=0.7)
             for schema, row in zip(SCHEMAS, out.sequences[:, inputs.input_ids.shape[1] :]):
                 jsonschema.validate(json.loads(tokenizer.decode(row, skip_special_tokens=True)), schema)
             total += sum(s.forwards for s in out.wedlm_stats)

@@ -34,13 +34,13 @@ class ArPredictions:
         being the distribution the draft was drawn from. A sampled draft is `verifiable` only if every slot before
         it was already filled when it was drawn: one drawn earlier than a draft before it may have steered that
         one, and conditioning on the earlier slot's acceptance would bias it. It is replaced by a fresh draw from
-        p, which is always exact. A context or forced draft is a function of the text before it, so its q is a
-        point mass: it is kept with probability p(x).
+        p, which is always exact. A context or forced draft, or a grammar row's guess, is chosen without a draw of
+        its own, so its q is a point mass: it is kept with probability p(x).
         """
         if not self.sampler.do_sample:
             return None if self.choices[i] == draft.token else self.choices[i]
         p = self.probabilities[i]
-        if draft.source in ("context", "forced"):  # q is a point mass: keep with probability p(x), else p without x
+        if draft.source in ("context", "forced") or draft.guess:  # q is a point mass: keep with probability p(x)
             if self.uniforms[i] < float(p[draft.token]):
                 return None
             residual = p.clone()

@@ -638,18 +638,17 @@ def _commit_valid(row: DecodingRow, run: int) -> tuple[int, bool]:
         row.grammar.advance(tokens[:i])  # only the guess's own slot needs the grammar's allowed tokens
         allowed = allowed_tokens(row.grammar, stop_ids)
         row.grammar.rollback(i)
-        scores = restrict(row.step_logits[i - 1].float(), allowed)
-        if sampler.do_sample:
-            p = sampler.probabilities(scores[None])[0]
-            if sampler.uniform(p.device) < float(p[tokens[i]]):
-                continue
-            residual = p.clone()
-            residual[tokens[i]] = 0
-            if float(residual.sum()) > 0:
-                carried = int(sampler.draw((residual / residual.sum())[None])[0])
-        elif int(scores.argmax()) == tokens[i]:
+        scores = restrict(row.step_logits[i - 1].float(), allowed)[None]
+        if sampler.do_sample:  # a guess is a point-mass draft: kept with probability p(g), else p without g
+            p = sampler.probabilities(scores)
+            ar = ArPredictions(sampler, [], p, [sampler.uniform(p.device)])
+        else:
+            ar = ArPredictions(sampler, scores.argmax(dim=-1).tolist())
+        replacement = ar.judge(0, row.window[i])
+        if replacement is None:
             continue
         valid, failed = i, True
+        carried = replacement if sampler.do_sample else None
         break
     if valid < run:
         row.window[valid:] = [None] * (len(row.window) - valid)
