@@ -31,8 +31,9 @@ def test_benchmark_reports_every_run_and_ratio():
         "blockwise_rows_per_wedlm_row",
     }
     wedlm = report["results"]["WeDLM, 24 tokens"]
-    # Threshold huge: every mask is accepted; W=8 fills 8 per forward, and the last 8 need a confirming forward.
-    assert wedlm["tokens"] == 24 and wedlm["forwards"] == 4
+    # Threshold huge: every mask is accepted; W=8 fills 8 per forward, and the last 8 reach the budget and commit at
+    # once (no confirming forward).
+    assert wedlm["tokens"] == 24 and wedlm["forwards"] == 3
     assert any("WeDLM / AR generate tokens/s" in line for line in lines)
 
 

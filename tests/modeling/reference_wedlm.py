@@ -27,6 +27,12 @@ def reference_decode(
         run = 0
         while run < len(window) and window[run] is not None:
             run += 1
+        if any(t in stop_ids for t in window[:run]) or len(committed) + run >= end:
+            # The run ends the text: the forward that would commit it has nothing else to do, so none is run.
+            for t in window[:run]:
+                committed.append(t)
+                if t in stop_ids or len(committed) == end:
+                    return committed[len(prompt) :], forwards
         stop_in_window = any(t is not None and t in stop_ids for t in window)
         while not stop_in_window and len(window) < window_size + run and len(committed) + len(window) < end:
             window.append(None)

@@ -32,9 +32,15 @@ def test_final_cache_equals_ar_prefill_of_output(model64):
     with torch.no_grad():
         model64(seq, attention_mask=full_mask, position_ids=positions, **{CACHE_KWARG: prefill})
     assert out.cache.get_seq_length() == seq.shape[1]
-    for layer_out, layer_ref in zip(out.cache.layers, prefill.layers):
-        for b in range(3):
-            cols = full_mask[b].bool()
+    for b in range(3):
+        # The tokens that end a row commit without a forward (its last run, at most a window) and have no K/V.
+        computed = (out.cache.layers[0].keys[b] != 0).any(-1).any(0)
+        real = full_mask[b].bool()
+        held = computed[real].tolist()
+        n = held.count(True)
+        assert held == [True] * n + [False] * (len(held) - n) and 1 <= len(held) - n <= 6
+        cols = real & computed
+        for layer_out, layer_ref in zip(out.cache.layers, prefill.layers):
             torch.testing.assert_close(layer_out.keys[b][:, cols], layer_ref.keys[b][:, cols], rtol=0, atol=1e-10)
             torch.testing.assert_close(layer_out.values[b][:, cols], layer_ref.values[b][:, cols], rtol=0, atol=1e-10)
             assert (layer_out.keys[b][:, ~cols] == 0).all()

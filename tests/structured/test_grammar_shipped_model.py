@@ -244,3 +244,37 @@ def test_a_grammar_row_computes_only_the_logits_its_commit_reads(shipped, monkey
     for (tokens, fed), (all_tokens, all_fed) in zip(few, every):
         assert tokens == all_tokens
         assert fed < all_fed
+
+
+@pytest.mark.parametrize("lossless", [False, True])
+def test_a_closing_string_forced_to_the_stop_token_needs_no_forward(shipped, monkeypatch, lossless):
+    """The record's last choice is followed by what the grammar forces up to the stop token (the closing brace):
+    they commit with that choice, in default mode and in lossless mode (AR under the grammar has no other choice),
+    not one forward later. Same outputs, and (default mode) one forward fewer per row."""
+    from wedlm_hf.modeling import streaming_decoder
+
+    model, tokenizer = shipped
+    inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+
+    def decode():
+        out = model.generate(
+            **inputs,
+            strategy="wedlm",
+            wedlm_window_size=4,
+            wedlm_lossless=lossless,
+            grammar=SCHEMAS,
+            tokenizer=tokenizer,
+            max_new_tokens=120,
+            return_dict_in_generate=True,
+        )
+        return out.sequences, [s.forwards for s in out.wedlm_stats]
+
+    sequences, forwards = decode()
+    monkeypatch.setattr(streaming_decoder, "_commit_ending", lambda row: 0)
+    sequences_then, forwards_then = decode()
+    assert torch.equal(sequences, sequences_then)
+    saved = [then - now for now, then in zip(forwards, forwards_then)]
+    if lossless:  # a row whose last choice is a draft that the final forward verifies saves nothing
+        assert set(saved) <= {0, 1} and sum(saved) > 0
+    else:
+        assert saved == [1] * len(PROMPTS)

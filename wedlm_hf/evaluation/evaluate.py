@@ -43,9 +43,9 @@ def held_out_items(family: str, count: int, train_items_per_family: int) -> list
 
 def fewest_forwards(tokens: int, window_size: int) -> int:
     """The fewest decoding forwards that can commit `tokens` (docs/algorithm.md section 3.h): a forward fills at most
-    W masks and a token commits one forward after it is filled, so even a model certain of everything needs
-    ceil(n / W) + 1. Short answers therefore cap tokens per forward well below W (an 8-token answer: 4 at best)."""
-    return -(-tokens // window_size) + 1
+    W masks, so even a model certain of everything needs ceil(n / W) (the last fills, which end the text, commit
+    in the step that fills them)."""
+    return -(-tokens // window_size)
 
 
 def code_snippets(tokenizer, count: int, prompt_tokens: int, seed: int = 0) -> list[list[int]]:

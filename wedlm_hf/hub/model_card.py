@@ -77,9 +77,8 @@ def stats_section(eval_results: dict | None) -> str:
             )
     lines += [
         "",
-        "The ceiling is the most tokens per forward WeDLM decoding can reach on the same outputs: a token commits one "
-        "forward after it is filled and a forward fills at most W masks, so n tokens take at least ceil(n / W) + 1 "
-        "forwards; short answers cap it well below W.",
+        "The ceiling is the most tokens per forward WeDLM decoding can reach on the same outputs: a forward fills at "
+        "most W masks, so n tokens take at least ceil(n / W) forwards.",
     ]
     return "\n".join(lines)
 

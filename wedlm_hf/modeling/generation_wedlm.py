@@ -517,7 +517,8 @@ def _prompt_prefixes(model, cache, input_ids: torch.Tensor, attention_mask: torc
 
     transformers' prompt reuse: a cache of n columns holds the K/V of input_ids[:, :n], so under left padding row b
     (real tokens from column s_b on) takes columns s_b..n-1. Trailing all-zero columns are left out, to be fed again:
-    they are where the cache `generate(strategy="wedlm")` returns has no K/V (a lossless row's last token).
+    they are where the cache `generate(strategy="wedlm")` returns has no K/V (the tokens that ended a row without a
+    forward, docs/algorithm.md section 3.c).
     """
     batch, width = input_ids.shape
     if not _is_prompt_cache(cache):

@@ -497,6 +497,9 @@ class StreamingDecoder:
             if not row.done:
                 masks = lossless_masks[b] if row.settings.lossless else _open_masks(row, feeds[b][1], n_masks)
                 _constrain_window(row, {slot: mask_logits[b, c] for c, slot in masks})
+        for b, decode in enumerate(decodes):
+            if decode and not rows[b].done:
+                _commit_ending(rows[b])
         finished = [row for row in rows if row.done]
         if finished:
             self._retire(finished)
@@ -656,6 +659,32 @@ def _commit_valid(row: DecodingRow, run: int) -> tuple[int, bool]:
     if carried is not None and count == valid and not row.done:
         row.window[0] = Fill(carried, final=True, source="constrained")
     return count, failed
+
+
+def _commit_ending(row: DecodingRow) -> int:
+    """Commits the window through the row's end now, where the next forward would commit just those tokens and
+    need nothing after them: the run reaches a stop token or the budget, and no forward can change a token of it.
+    In default mode that is any run without a guess (under a grammar, every token of it valid); in lossless mode,
+    the final token and tokens a grammar forces after it (AR under the grammar has no other choice there). That
+    forward would only write K/V nobody reads, so these tokens have none in the cache, as a lossless row's last
+    token has none. Not with keep_logits, whose logits come from that forward. Returns how many committed."""
+    settings = row.settings
+    if settings.keep_logits or not row.prefilled:
+        return 0
+    run = row.leading_run()
+    if settings.lossless:  # the final token, then what the grammar forces
+        if not run or not row.window[0].final:
+            return 0
+        run = next((i for i in range(1, run) if row.window[i].source != "forced"), run)
+    tokens = [slot.token for slot in row.window[:run]]
+    stop = next((i + 1 for i, token in enumerate(tokens) if token in settings.stop_ids), None)
+    room = settings.max_new_tokens - len(row.generated)
+    end = stop if stop is not None else room if run >= room else 0
+    if not end or any(slot.guess for slot in row.window[:end]):
+        return 0
+    if row.grammar is not None and valid_prefix(row.grammar, tokens[:end], settings.stop_ids) < end:
+        return 0
+    return row.commit(end)
 
 
 def _logit_slots(row: DecodingRow, run: int) -> list[int]:
