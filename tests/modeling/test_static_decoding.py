@@ -138,7 +138,7 @@ def test_static_refusals(model64):
 
 def test_feeds_take_a_handful_of_shapes(monkeypatch):
     """Every decoding forward's (slots, width, logits kept) is a power-of-two bucket, and a 200-token batched
-    generation sees few of them; a prefill's width is a multiple of the prefill step."""
+    generation sees few of them; a prefill's width is a bucket too up to the prefill step, a multiple of it beyond."""
     model = build_model(max_position_embeddings=1024)
     shapes = set()
     original = slot_cache.SlotCache.forward
@@ -154,10 +154,15 @@ def test_feeds_take_a_handful_of_shapes(monkeypatch):
     out = model.generate(ids, attention_mask=mask, max_new_tokens=200, cache_implementation="static", **COMMON)
     decode = {shape for shape in shapes if not shape[0]}
     prefill = {shape for shape in shapes if shape[0]}
-    assert all(width % slot_cache.PREFILL_STEP == 0 for _, _, width, _ in prefill)
     powers = {1 << k for k in range(1, 8)}
+    step = slot_cache.PREFILL_STEP
+    assert all(width in powers if width <= step else width % step == 0 for _, _, width, _ in prefill)
     assert all(fed in powers | {3} and width in powers and keep in powers for _, fed, width, keep in decode)
     assert len(decode) <= 10 < sum(s.forwards for s in out.wedlm_stats) // 3
+    shapes.clear()
+    short, _ = prompts(1, lengths=(3,))  # 3 prompt tokens and 6 masks: a prefill 16 wide, not 32
+    model.generate(short, max_new_tokens=8, cache_implementation="static", **COMMON)
+    assert [width for is_prefill, _, width, _ in shapes if is_prefill] == [16]
 
 
 @pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])

@@ -10,7 +10,9 @@ tensors have shapes that depend only on buckets, never on how many tokens a row 
 - slots: the fed batch is the first `bucket(highest occupied slot + 1)` slots (a power of two, at most `slots`);
   a free or finished slot is fed padding (written to its sink);
 - width: a decoding step feeds `bucket(widest row)` tokens per row (a power of two); a step that prefills a prompt
-  feeds its width rounded up to a multiple of PREFILL_STEP and runs uncompiled, as transformers' prefill does;
+  feeds a decoding step's width up to PREFILL_STEP (a short prompt with its window costs no more rows than
+  that), else its width rounded up to a multiple of PREFILL_STEP, and runs uncompiled, as transformers' prefill
+  does;
 - logits: the columns asked for, padded to a power of two by repeating the last one;
 - keys: a step attends over the first columns that hold every fed row's tokens, rounded up to a multiple of
   KEYS_STEP, under a 4D additive mask: the row's committed prefix, plus its real fed tokens up to itself.
@@ -107,7 +109,7 @@ class SlotCache(Cache):
     # ---- what the decoder calls (the `RaggedCache` interface) ------------------------------------------------
 
     def feed_width(self, width: int, prefill: bool) -> int:
-        return round_up(width, PREFILL_STEP) if prefill else bucket(width)
+        return round_up(width, PREFILL_STEP) if prefill and width > PREFILL_STEP else bucket(width)
 
     def add_rows(self, count: int) -> None:
         free = sorted(set(range(self.slots)) - set(self.slot_of))
