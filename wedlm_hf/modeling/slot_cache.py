@@ -9,10 +9,10 @@ tensors have shapes that depend only on buckets, never on how many tokens a row 
 
 - slots: the fed batch is the first `bucket(highest occupied slot + 1)` slots (a power of two, at most `slots`);
   a free or finished slot is fed padding (written to its sink);
-- width: a decoding step feeds `bucket(widest row)` tokens per row (a power of two); a step that prefills a prompt
-  feeds a decoding step's width up to PREFILL_STEP (a short prompt with its window costs no more rows than
-  that), else its width rounded up to a multiple of PREFILL_STEP, and runs uncompiled, as transformers' prefill
-  does;
+- width: a decoding step feeds `bucket(widest row)` tokens per row (a power of two; on a CPU also 12, 24, 48, ...:
+  `fine_widths`); a step that prefills a prompt feeds a decoding step's width up to PREFILL_STEP (a short prompt
+  with its window costs no more rows than that), else its width rounded up to a multiple of PREFILL_STEP, and
+  runs uncompiled, as transformers' prefill does;
 - logits: the columns asked for, padded to a power of two by repeating the last one;
 - keys: a step attends over the first columns that hold every fed row's tokens, rounded up to a multiple of
   KEYS_STEP, under a 4D additive mask: the row's committed prefix, plus its real fed tokens up to itself.
@@ -31,9 +31,13 @@ LENGTH_STEP = 256  # and cache lengths to a multiple of this, so that generation
 KEYS_STEP = 128  # a step attends over a multiple of this many columns
 
 
-def bucket(n: int, cap: int | None = None) -> int:
-    """The smallest power of two >= n, at least 2 (torch.compile specialises sizes 0 and 1), at most `cap`."""
+def bucket(n: int, cap: int | None = None, fine: bool = False) -> int:
+    """The smallest power of two >= n, at least 2 (torch.compile specialises sizes 0 and 1), at most `cap`. With
+    `fine`, three quarters of a power of two also count from 12 on (12, 24, 48, ...): padding then adds at most
+    half a feed's rows from 9 on, not as many again, for one more shape per doubling."""
     size = max(2, 1 << max(0, n - 1).bit_length())
+    if fine and size >= 16 and n <= size * 3 // 4:
+        size = size * 3 // 4
     return size if cap is None else min(size, cap)
 
 
@@ -88,6 +92,9 @@ class SlotCache(Cache):
         self._keeps_logits = model._supports_logits_to_keep()
         self._cache_kwarg = cache_kwarg(model)
         self._arange = torch.arange(columns, device=model.device)
+        # On a CPU every row fed costs its share of the matrix products, so widths take finer buckets; on a GPU a
+        # few rows more cost next to nothing, and each shape more is a graph to compile and capture.
+        self.fine_widths = self.device.type == "cpu"
 
     # ---- what the model calls --------------------------------------------------------------------------------
 
@@ -109,7 +116,9 @@ class SlotCache(Cache):
     # ---- what the decoder calls (the `RaggedCache` interface) ------------------------------------------------
 
     def feed_width(self, width: int, prefill: bool) -> int:
-        return round_up(width, PREFILL_STEP) if prefill and width > PREFILL_STEP else bucket(width)
+        if prefill and width > PREFILL_STEP:
+            return round_up(width, PREFILL_STEP)
+        return bucket(width, fine=self.fine_widths)
 
     def add_rows(self, count: int) -> None:
         free = sorted(set(range(self.slots)) - set(self.slot_of))
