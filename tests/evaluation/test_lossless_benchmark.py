@@ -56,6 +56,8 @@ def test_compiled_decoders_are_reported_and_checked_against_ar(tmp_path, char_to
         assert all(row[name]["tokens_per_s"] > 0 for name in (*DECODERS, *COMPILED_DECODERS))
         assert row["identical_to_ar"] == dict.fromkeys(EXACT + EXACT_COMPILED, True)
         assert row["lossless_compiled_vs_ar_compiled"] > 0 and row["lossless compiled"]["tokens_per_forward"] > 0
+        speed = row["lossless compiled"]["tokens_per_s"]
+        assert row["lossless_compiled_vs_prompt_lookup"] == speed / row["prompt lookup"]["tokens_per_s"]
     header = next(i for i, line in enumerate(lines) if line.startswith("family ") and "ARc" in line)
     assert lines[header].split()[: len(COMPILED_COLUMNS)] == list(COMPILED_COLUMNS)
     assert lines[header + 1].split()[0] == FAMILIES[0]
@@ -80,3 +82,4 @@ def test_repeat_prompts_and_command_defaults():
     assert args.model is None and args.json is None and not args.compiled
     assert build_parser().parse_args(["bench-lossless", "--compiled"]).compiled
     assert callable(lossless_benchmark.bench_lossless_command)
+
