@@ -82,4 +82,3 @@ def test_repeat_prompts_and_command_defaults():
     assert args.model is None and args.json is None and not args.compiled
     assert build_parser().parse_args(["bench-lossless", "--compiled"]).compiled
     assert callable(lossless_benchmark.bench_lossless_command)
-
