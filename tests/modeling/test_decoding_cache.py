@@ -1,15 +1,18 @@
 """The KV cache after WeDLM decoding is an AR prefill of the output, and it never carries many dead slots."""
 
+import pytest
 import torch
 from conftest import EOS_ID, prompts
 from transformers import DynamicCache
+from transformers.masking_utils import create_causal_mask
 
 from wedlm_hf.modeling import ragged_cache
 from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
 
 
-def test_final_cache_equals_ar_prefill_of_output(model64):
-    ids, mask = prompts(3)
+@pytest.mark.parametrize("batch", [1, 3])  # one padding-free row takes its own path
+def test_final_cache_equals_ar_prefill_of_output(model64, batch):
+    ids, mask = prompts(batch)
     out = model64.generate(
         ids,
         attention_mask=mask,
@@ -24,7 +27,7 @@ def test_final_cache_equals_ar_prefill_of_output(model64):
     seq = out.sequences
     width = ids.shape[1]
     full_mask = torch.zeros_like(seq)
-    for b in range(3):
+    for b in range(batch):
         n_new = out.wedlm_stats[b].tokens
         full_mask[b, : width + n_new] = torch.cat([mask[b], torch.ones(n_new, dtype=torch.long)])
     prefill = DynamicCache(config=model64.config)
@@ -32,7 +35,7 @@ def test_final_cache_equals_ar_prefill_of_output(model64):
     with torch.no_grad():
         model64(seq, attention_mask=full_mask, position_ids=positions, **{CACHE_KWARG: prefill})
     assert out.cache.get_seq_length() == seq.shape[1]
-    for b in range(3):
+    for b in range(batch):
         # The tokens that end a row commit without a forward (its last run, at most a window) and have no K/V.
         computed = (out.cache.layers[0].keys[b] != 0).any(-1).any(0)
         real = full_mask[b].bool()
@@ -95,3 +98,28 @@ def test_finished_rows_stop_adding_work(model64):
     short, long_ = sorted(out.wedlm_stats, key=lambda s: s.forwards)
     assert short.tokens < 24 and short.forwards < long_.forwards
     assert short.rows_fed < long_.rows_fed
+
+
+def test_step_mask_is_the_mask_transformers_builds(model64):
+    """Under sdpa a step on top of the cache passes its own 4D mask; it equals the one transformers builds from the
+    2D validity mask, holes and left padding included (so the logits cannot differ)."""
+    assert model64.config._attn_implementation == "sdpa"
+    ids, mask = prompts(3)
+    kv = ragged_cache.RaggedCache(model64, 3, max_dead=16)
+    width = ids.shape[1]
+    kv.forward(ids, (mask.cumsum(1) - 1).clamp_min(0), mask.bool(), [width - 1])
+    kv.keep_leading(width, [width] * 3)
+    kv.valid[1, 2] = False  # a hole, as a rejected draft leaves
+    new_valid = torch.tensor([[True] * 5, [True, True, False, True, True], [True, False, False, False, False]])
+    valid = torch.cat([kv.valid, new_valid], dim=1)
+    ours = kv._attention_mask(valid, 5)
+    theirs = create_causal_mask(
+        config=model64.config,
+        inputs_embeds=torch.zeros(3, 5, model64.config.hidden_size, dtype=model64.dtype),
+        attention_mask=valid.long(),
+        past_key_values=kv.cache,
+        position_ids=torch.arange(width, width + 5).expand(3, -1),
+    )
+    assert ours.shape == (3, 1, 5, width + 5) and ours.dtype == torch.bool
+    assert torch.equal(ours, theirs.expand_as(ours))
+    assert not ours[0, 0, 0, width + 1] and ours[0, 0, 1, width + 1]  # a fed token sees the fed ones before it

@@ -10,6 +10,7 @@ the one transformers uses for Hub `custom_generate` methods.
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache, LogitsProcessorList, StaticCache, StoppingCriteriaList
 from transformers.generation import (
     EpsilonLogitsWarper,
@@ -576,6 +577,11 @@ def _aligned_cache(rows, attention_mask: torch.Tensor, width: int, cache: Dynami
     out = cache if cache is not None else DynamicCache()
     out.reset()
     prompt_start = (attention_mask.shape[1] - attention_mask.sum(1)).tolist()
+    if len(rows) == 1 and prompt_start[0] == 0:  # generate's usual call: one padding-free row, one copy per tensor
+        for layer_idx, (k, v) in enumerate(rows[0].kv):
+            after = (0, 0, 0, width - k.shape[1])  # zeros after the row's tokens
+            out.update(F.pad(k, after)[None], F.pad(v, after)[None], layer_idx)
+        return out
     for layer_idx, (k0, v0) in enumerate(rows[0].kv):
         keys = k0.new_zeros((len(rows), k0.shape[0], width, k0.shape[-1]))
         values = v0.new_zeros((len(rows), v0.shape[0], width, v0.shape[-1]))

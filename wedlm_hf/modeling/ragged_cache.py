@@ -40,7 +40,9 @@ class RaggedCache:
             )
         self.valid = torch.zeros((batch_size, 0), dtype=torch.bool, device=model.device)
         self.max_dead = max_dead
-        self._flash = "flash" in (getattr(model.config, "_attn_implementation", None) or "")
+        attention = getattr(model.config, "_attn_implementation", None) or ""
+        self._flash = "flash" in attention
+        self._sdpa = attention == "sdpa"
         self._keeps_logits = model._supports_logits_to_keep()
         self._cache_kwarg = cache_kwarg(model)
 
@@ -104,14 +106,14 @@ class RaggedCache:
     ) -> torch.Tensor:
         """Runs the model on new rows on top of the cache (their K/V are appended); returns the logits of the given
         columns of the new rows (ascending), computing no others where the model allows."""
-        attention_mask = torch.cat([self.valid, new_valid], dim=1).long()
+        valid = torch.cat([self.valid, new_valid], dim=1)
         width = input_ids.shape[1]
         tail = columns == list(range(width - len(columns), width))
         kwargs = {self._cache_kwarg: self.cache}
         if self._flash and input_ids.shape[0] == 1:
             # Without these, flash attention reads batch-1 non-monotonic positions as packed sequences and attends
             # to the wrong keys (docs/algorithm.md section 5): one query sequence over the whole key sequence.
-            q_len, k_len = input_ids.shape[1], attention_mask.shape[1]
+            q_len, k_len = input_ids.shape[1], valid.shape[1]
             kwargs |= {
                 "cu_seq_lens_q": torch.tensor([0, q_len], dtype=torch.int32, device=input_ids.device),
                 "cu_seq_lens_k": torch.tensor([0, k_len], dtype=torch.int32, device=input_ids.device),
@@ -123,14 +125,24 @@ class RaggedCache:
         logits = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
-            attention_mask=attention_mask,
+            attention_mask=self._attention_mask(valid, width),
             use_cache=True,
             **kwargs,
         ).logits
-        self.valid = attention_mask.bool()
+        self.valid = valid
         if self._keeps_logits:
             return logits
         return logits[:, columns]
+
+    def _attention_mask(self, valid: torch.Tensor, width: int) -> torch.Tensor:
+        """The 2D validity mask, or under sdpa on top of a cache the 4D boolean mask transformers would build from
+        it (a fed token sees the valid columns up to itself): built here in two ops every step, where transformers'
+        mask functions take many. A forward on an empty cache keeps the 2D mask, which lets a padding-free prefill
+        use sdpa's causal kernel."""
+        if not self._sdpa or self.length == 0:
+            return valid.long()
+        causal = torch.ones((width, valid.shape[1]), dtype=torch.bool, device=valid.device).tril_(self.length)
+        return causal & valid[:, None, None, :]
 
     def keep_leading(self, fed: int, keep: list[int]) -> None:
         """Of the `fed` columns just appended, row b keeps its first keep[b]; the others become scratch."""
@@ -148,7 +160,10 @@ class RaggedCache:
         self.valid = self.valid[index]
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The valid K/V of one row, per layer, as (heads, tokens, head_dim) tensors."""
+        """The valid K/V of one row, per layer, as (heads, tokens, head_dim) tensors (views where every column is
+        valid: the cache's tensors are replaced, never written in place, once the row leaves)."""
+        if bool(self.valid[row].all()):
+            return [(layer.keys[row], layer.values[row]) for layer in self.cache.layers]
         cols = self.valid[row].nonzero().squeeze(1)
         return [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in self.cache.layers]
 
