@@ -123,3 +123,28 @@ def test_step_mask_is_the_mask_transformers_builds(model64):
     assert ours.shape == (3, 1, 5, width + 5) and ours.dtype == torch.bool
     assert torch.equal(ours, theirs.expand_as(ours))
     assert not ours[0, 0, 0, width + 1] and ours[0, 0, 1, width + 1]  # a fed token sees the fed ones before it
+
+
+def test_remote_code_models_keep_the_2d_mask():
+    """A model class from outside transformers (remote code) may build its masks from the 2D mask itself: it gets
+    that; a stock class gets the 4D mask under sdpa."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    class RemoteCausalLM(Qwen3ForCausalLM):
+        pass
+
+    config = Qwen3Config(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        attn_implementation="sdpa",
+    )
+    valid = torch.ones(1, 6, dtype=torch.bool)
+    for cls, dims in ((Qwen3ForCausalLM, 4), (RemoteCausalLM, 2)):
+        kv = ragged_cache.RaggedCache(cls(config).eval(), 1, max_dead=16)
+        kv.valid = torch.ones(1, 4, dtype=torch.bool)  # as after a prefill of 4 tokens
+        assert kv._attention_mask(valid, 2).dim() == dims, cls

@@ -42,7 +42,10 @@ class RaggedCache:
         self.max_dead = max_dead
         attention = getattr(model.config, "_attn_implementation", None) or ""
         self._flash = "flash" in attention
-        self._sdpa = attention == "sdpa"
+        # A 4D mask is used as it is by the models whose masks transformers' mask functions build (its own, and
+        # WeDLM's, which are Qwen3's); remote code may build its own from the 2D mask, so it keeps that.
+        stock = type(model).__module__.startswith("transformers.models.") or model.config.model_type == "wedlm"
+        self._own_mask = attention == "sdpa" and stock
         self._keeps_logits = model._supports_logits_to_keep()
         self._cache_kwarg = cache_kwarg(model)
 
@@ -139,7 +142,7 @@ class RaggedCache:
         it (a fed token sees the valid columns up to itself): built here in two ops every step, where transformers'
         mask functions take many. A forward on an empty cache keeps the 2D mask, which lets a padding-free prefill
         use sdpa's causal kernel."""
-        if not self._sdpa or self.length == 0:
+        if not self._own_mask or self.length == 0:
             return valid.long()
         causal = torch.ones((width, valid.shape[1]), dtype=torch.bool, device=valid.device).tril_(self.length)
         return causal & valid[:, None, None, :]
