@@ -1,5 +1,7 @@
 """The KV cache after WeDLM decoding is an AR prefill of the output, and it never carries many dead slots."""
 
+import inspect
+
 import pytest
 import torch
 from conftest import EOS_ID, prompts
@@ -8,6 +10,9 @@ from transformers.masking_utils import create_causal_mask
 
 from wedlm_hf.modeling import ragged_cache
 from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
+
+# create_causal_mask's name for the cache (renamed in transformers 5.24, as generate's was)
+MASK_CACHE_KWARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 @pytest.mark.parametrize("batch", [1, 3])  # one padding-free row takes its own path
@@ -117,7 +122,7 @@ def test_step_mask_is_the_mask_transformers_builds(model64):
         config=model64.config,
         inputs_embeds=torch.zeros(3, 5, model64.config.hidden_size, dtype=model64.dtype),
         attention_mask=valid.long(),
-        past_key_values=kv.cache,
+        **{MASK_CACHE_KWARG: kv.cache},
         position_ids=torch.arange(width, width + 5).expand(3, -1),
     )
     assert ours.shape == (3, 1, 5, width + 5) and ours.dtype == torch.bool
