@@ -153,3 +153,17 @@ def test_remote_code_models_keep_the_2d_mask():
         kv = ragged_cache.RaggedCache(cls(config).eval(), 1, max_dead=16)
         kv.valid = torch.ones(1, 4, dtype=torch.bool)  # as after a prefill of 4 tokens
         assert kv._attention_mask(valid, 2).dim() == dims, cls
+
+
+def test_leaving_rows_of_a_batch_take_copies(model64):
+    """A row leaving a batch takes a copy of its K/V, not a view that would keep the whole batch's cache alive after
+    the others move on; a lone row (its cache is its own) takes views."""
+    for batch in (1, 2):
+        ids, mask = prompts(batch, lengths=(6, 6))
+        kv = ragged_cache.RaggedCache(model64, batch, max_dead=16)
+        kv.forward(ids, (mask.cumsum(1) - 1).clamp_min(0), mask.bool(), [ids.shape[1] - 1])
+        shared = [
+            k.untyped_storage().data_ptr() == layer.keys.untyped_storage().data_ptr()
+            for (k, _), layer in zip(kv.row_kv(0), kv.cache.layers)
+        ]
+        assert all(shared) if batch == 1 else not any(shared), batch

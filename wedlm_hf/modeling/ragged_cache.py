@@ -163,9 +163,10 @@ class RaggedCache:
         self.valid = self.valid[index]
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The valid K/V of one row, per layer, as (heads, tokens, head_dim) tensors (views where every column is
-        valid: the cache's tensors are replaced, never written in place, once the row leaves)."""
-        if bool(self.valid[row].all()):
+        """The valid K/V of one row, per layer, as (heads, tokens, head_dim) tensors. A lone row with every column
+        valid gets views (the cache's tensors are replaced, never written in place, once it leaves); other rows get
+        copies, so that rows leaving a batch at different steps do not each keep the whole batch's cache alive."""
+        if self.valid.shape[0] == 1 and bool(self.valid[row].all()):
             return [(layer.keys[row], layer.values[row]) for layer in self.cache.layers]
         cols = self.valid[row].nonzero().squeeze(1)
         return [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in self.cache.layers]
