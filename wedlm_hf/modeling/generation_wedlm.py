@@ -577,18 +577,19 @@ def _aligned_cache(rows, attention_mask: torch.Tensor, width: int, cache: Dynami
     out = cache if cache is not None else DynamicCache()
     out.reset()
     prompt_start = (attention_mask.shape[1] - attention_mask.sum(1)).tolist()
-    if len(rows) == 1 and prompt_start[0] == 0:  # generate's usual call: one padding-free row, one copy per tensor
-        for layer_idx, (k, v) in enumerate(rows[0].kv):
-            after = (0, 0, 0, width - k.shape[1])  # zeros after the row's tokens
-            out.update(F.pad(k, after)[None], F.pad(v, after)[None], layer_idx)
-        return out
-    for layer_idx, (k0, v0) in enumerate(rows[0].kv):
-        keys = k0.new_zeros((len(rows), k0.shape[0], width, k0.shape[-1]))
-        values = v0.new_zeros((len(rows), v0.shape[0], width, v0.shape[-1]))
-        for row in rows:
+    ordered = sorted(rows, key=lambda row: row.index)
+    for layer_idx in range(len(ordered[0].kv)):
+        keys, values = [], []
+        for row in ordered:  # each row padded with zeros around its tokens: one copy per tensor
             k, v = row.kv[layer_idx]
             start = prompt_start[row.index]
-            keys[row.index, :, start : start + k.shape[1]] = k
-            values[row.index, :, start : start + v.shape[1]] = v
-        out.update(keys, values, layer_idx)
+            around = (0, 0, start, width - start - k.shape[1])
+            keys.append(F.pad(k, around))
+            values.append(F.pad(v, around))
+        out.update(_stacked(keys), _stacked(values), layer_idx)
     return out
+
+
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The rows' tensors as one batch (a lone row's without another copy)."""
+    return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
