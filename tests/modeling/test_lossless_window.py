@@ -3,8 +3,10 @@
 import torch
 from conftest import EOS_ID
 
+from wedlm_hf.modeling.draft_verification import ArPredictions
 from wedlm_hf.modeling.draft_windows import COPY_TOKENS, JOIN_MASKS, PATIENCE, PROBE, ContextWindow, DraftWindow
 from wedlm_hf.modeling.streaming_decoder import DecodingRow, DecodingSettings, Fill, StreamingDecoder
+from wedlm_hf.modeling.window_filling import FillSampler
 
 
 def lossless_row(window: list, prefilled: bool = True, **settings) -> DecodingRow:
@@ -112,6 +114,46 @@ def test_context_drafts_rest_after_a_streak_of_failed_copies():
     assert window.size == PROBE
     window.update(16, checked=2, rejected=False)  # the probe held
     assert window.size == 16
+
+
+def test_a_resting_model_window_waits_while_paused():
+    """Quiet steps count towards the model's next try only when not paused (while copies are being tried)."""
+    window = DraftWindow(smallest=2, size=2)
+    window.update(16, checked=2, rejected=True)  # 2 halves to 1, under the smallest: rest for two quiet steps
+    assert window.size == 0 and window.wait == 2
+    for _ in range(5):
+        window.update(16, checked=0, rejected=False, paused=True)
+    assert window.size == 0 and window.quiet == 0
+    window.update(16, checked=0, rejected=False)
+    window.update(16, checked=0, rejected=False)
+    assert window.size == 2  # the try
+
+
+def test_copies_are_being_tried_once_one_was_checked_and_while_the_source_does_not_rest():
+    window = ContextWindow()
+    assert not window.trying  # no copy yet (text with nothing to copy)
+    window.update(16, checked=3, rejected=False)
+    assert window.trying
+    for _ in range(PATIENCE):
+        window.update(16, checked=1, rejected=True)
+    assert window.size == 0 and not window.trying
+
+
+def test_the_model_source_rests_on_while_copies_are_being_tried():
+    """Steps that check a copy (or nothing) leave a resting model source resting while copies are being tried;
+    without context drafts, or once the context source rests, quiet steps lead to the model's try."""
+    for context_drafts, copies_rest in ((True, False), (False, False), (True, True)):
+        row = lossless_row([Fill(9, final=True), Fill(10, source="context")], context_drafts=context_drafts)
+        row.model_window = DraftWindow(smallest=2, size=0, wait=3)
+        row.context_window.tried = True
+        decoder = _Decoder()
+        for step in range(3):
+            if copies_rest:
+                row.context_window.size, row.context_window.wait = 0, 100
+                row.window = row.window[:1]  # a resting source copies nothing
+            run = row.leading_run()
+            assert decoder._verify_and_commit(row, run, ArPredictions(FillSampler(), [10, 11 + step])) == run
+        assert row.model_window.size == (0 if context_drafts and not copies_rest else 2)
 
 
 def copying_row(text: list, window: list, held: bool | None, resting: bool = False) -> DecodingRow:

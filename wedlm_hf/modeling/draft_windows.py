@@ -4,7 +4,7 @@ The output never depends on the drafts, only the work does: a draft that fails c
 feeds more than the final token costs more than an AR step. So each source adapts to how its drafts fare, and a
 source whose drafts keep failing rests: a step where every source rests feeds only the final token, an AR step's
 cost. A resting source tries again after `wait` quiet steps, and each try that fails doubles the wait (up to
-MAX_PROBE_WAIT).
+MAX_PROBE_WAIT). While the context's copies are being tried, a resting model source waits (`DraftWindow.update`).
 """
 
 from dataclasses import dataclass
@@ -23,7 +23,10 @@ class DraftWindow:
     times the larger of itself and the drafts just checked (on easy text a window too small costs forwards, one too
     large only rows). It starts at `smallest` after the JOIN_MASKS of the joining forward (on hard text a full window
     would mostly be wasted rows; easy text reaches W in two steps). Below `smallest` (the fewest worth a try) it is 0
-    and the source rests; it then tries `smallest` drafts again."""
+    and the source rests; it then tries `smallest` drafts again, after `wait` quiet steps that are not `paused`.
+    The caller pauses it while the context's copies are being tried: on text that repeats, the copies probe it,
+    and a try of the model's own would turn the single-row steps between copies into wider ones (on a CPU, a
+    forward of two rows costs clearly more than one of a single row)."""
 
     smallest: int
     size: int = 1 << 30  # capped by W where used
@@ -31,7 +34,7 @@ class DraftWindow:
     quiet: int = 0
     held: bool | None = None  # whether the last drafts checked were all accepted (None: none checked yet)
 
-    def update(self, limit: int, checked: int, rejected: bool) -> None:
+    def update(self, limit: int, checked: int, rejected: bool, paused: bool = False) -> None:
         if checked:
             self.held = not rejected
             current = min(self.size, limit)
@@ -43,7 +46,7 @@ class DraftWindow:
             else:
                 self.size = min(limit, max(self.smallest, max(current, checked) * GROWTH))
                 self.wait = 1
-        elif self.size == 0:
+        elif self.size == 0 and not paused:
             self.quiet += 1
             if self.quiet >= self.wait:
                 self.size = self.smallest
@@ -61,9 +64,16 @@ class ContextWindow:
     wait: int = 1
     quiet: int = 0
     failures: int = 0  # tries in a row whose first draft failed
+    tried: bool = False  # whether any copy was checked yet
+
+    @property
+    def trying(self) -> bool:
+        """Whether copies are being tried: one was, and the source does not rest."""
+        return self.tried and self.size != 0
 
     def update(self, limit: int, checked: int, rejected: bool) -> None:
         if checked:
+            self.tried = True
             if rejected and checked == 1:
                 self.failures += 1
             else:

@@ -541,8 +541,9 @@ class StreamingDecoder:
             else:
                 replacement = ar.own_token(run - first)
         own = checked["model"] + checked["constrained"]  # the model's own fills, restricted by a grammar or not
-        row.model_window.update(settings.window_size, own, rejected_by in ("model", "constrained"))
         row.context_window.update(settings.window_size, checked["context"], rejected_by == "context")
+        copying = settings.context_drafts and row.context_window.trying  # a resting model source waits meanwhile
+        row.model_window.update(settings.window_size, own, rejected_by in ("model", "constrained"), paused=copying)
         kept = row.commit(accepted)
         if row.done or ends or replacement is None:
             return kept
