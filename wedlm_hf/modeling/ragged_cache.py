@@ -155,7 +155,8 @@ class RaggedCache:
             self.valid = self.valid[:, : self.length - (fed - kept)]
         start = self.length - kept
         for row, n in enumerate(keep):
-            self.valid[row, start + n :] = False
+            if n < kept:
+                self.valid[row, start + n :] = False
 
     def select_rows(self, rows: list[int]) -> None:
         index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)

@@ -482,7 +482,7 @@ class StreamingDecoder:
         # A joining row keeps its prompt (the first columns it was fed); every row keeps its committed run.
         self.kv.keep_leading(width, [start + n for start, n in zip(starts, kept)])
 
-        mask_logits = logits[:, [column[c] for c in range(width - n_masks, width)]]
+        mask_logits = logits[:, len(columns) - n_masks :]  # the mask columns are the widest n_masks, all of them kept
         feeds = [(filled, [] if stale.get(b) else masks) for b, (filled, masks) in enumerate(feeds)]
         grammar_rows = [b for b, (row, d) in enumerate(zip(rows, decodes)) if d and row.grammar is not None]
         # Lossless mode always drafts a row's leftmost mask: where the grammar rejects that draft, its logits choose
@@ -823,24 +823,24 @@ def _worth_a_guess(row: DecodingRow, grammar, token: int, probability: float) ->
 def _ar_predictions(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:
     """`ArPredictions` for every lossless row, computed in one pass per sampler (argmax, or the warped
     distributions with one fresh draw and one uniform per position, used only where needed)."""
-    predictions, groups = {}, {}
+    predictions, groups, top = {}, {}, None
     for b in ar_rows:
         groups.setdefault(id(rows[b].settings.sampler), []).append(b)
     for members in groups.values():
         sampler = rows[members[0]].settings.sampler
-        sizes = [len(ar_rows[b]) for b in members]
-        batch_index = [b for b in members for _ in ar_rows[b]]
-        block = logits[batch_index, [c for b in members for c in ar_rows[b]]]
         if sampler.do_sample:
+            sizes = [len(ar_rows[b]) for b in members]
+            block = logits[[b for b in members for _ in ar_rows[b]], [c for b in members for c in ar_rows[b]]]
             probs = sampler.probabilities(block)
             fresh = sampler.draw(probs).tolist()
             uniforms = torch.rand(len(fresh), generator=sampler.generator, device=probs.device).tolist()
             parts = zip(probs.split(sizes), _split(fresh, sizes), _split(uniforms, sizes))
             for b, (p, f, u) in zip(members, parts):
                 predictions[b] = ArPredictions(sampler, f, p, u)
-        else:
-            for b, choices in zip(members, _split(block.argmax(dim=-1).tolist(), sizes)):
-                predictions[b] = ArPredictions(sampler, choices)
+        else:  # the argmax of every column at once costs less than gathering the rows first
+            top = logits.argmax(dim=-1).tolist() if top is None else top
+            for b in members:
+                predictions[b] = ArPredictions(sampler, [top[b][c] for c in ar_rows[b]])
     return predictions
 
 
@@ -858,19 +858,20 @@ def _sample(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[in
     tokens: list = [None] * len(chosen)
     probabilities: list = [None] * len(chosen)
     groups: dict[int, list[int]] = {}
+    top = None
     for k, (b, _, _) in enumerate(chosen):
         groups.setdefault(id(rows[b].settings.sampler), []).append(k)
     for members in groups.values():
         sampler = rows[chosen[members[0]][0]].settings.sampler
-        block = scores[[chosen[k][0] for k in members], [chosen[k][1] for k in members]]
         if sampler.do_sample:
-            probs = sampler.probabilities(block)
+            probs = sampler.probabilities(scores[[chosen[k][0] for k in members], [chosen[k][1] for k in members]])
             drawn = sampler.draw(probs).tolist()
             for i, k in enumerate(members):
                 if rows[chosen[k][0]].settings.lossless:
                     probabilities[k] = probs[i]
-        else:
-            drawn = block.argmax(dim=-1).tolist()
+        else:  # as in `_ar_predictions`: every column's argmax, then the chosen ones
+            top = scores.argmax(dim=-1).tolist() if top is None else top
+            drawn = [top[chosen[k][0]][chosen[k][1]] for k in members]
         for i, k in enumerate(members):
             tokens[k] = drawn[i]
     return tokens, probabilities
