@@ -167,3 +167,22 @@ def test_leaving_rows_of_a_batch_take_copies(model64):
             for (k, _), layer in zip(kv.row_kv(0), kv.cache.layers)
         ]
         assert all(shared) if batch == 1 else not any(shared), batch
+
+
+def test_forward_arguments_follow_the_forward_in_use(model64, monkeypatch):
+    """The cache argument's name and `logits_to_keep` are read from the forward the model runs now (a compiled or
+    wrapped forward swapped onto the instance is read anew), once per forward function."""
+    assert ragged_cache.forward_arguments(model64) == (CACHE_KWARG, True)
+    reads = []
+    signature = inspect.signature
+    monkeypatch.setattr(ragged_cache.inspect, "signature", lambda f: reads.append(f) or signature(f))
+
+    def wrapped(input_ids=None, past_key_values=None, **kwargs):
+        return type(model64).forward(model64, input_ids=input_ids, **{CACHE_KWARG: past_key_values}, **kwargs)
+
+    monkeypatch.setattr(model64, "forward", wrapped)
+    assert ragged_cache.forward_arguments(model64) == ("past_key_values", False)
+    assert ragged_cache.forward_arguments(model64) == ("past_key_values", False)
+    assert len(reads) == 1
+    monkeypatch.undo()
+    assert ragged_cache.forward_arguments(model64) == (CACHE_KWARG, True)

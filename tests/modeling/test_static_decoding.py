@@ -270,3 +270,23 @@ def test_remote_code_custom_generate_and_pipeline_decode_static(tmp_path, model6
     options = dict(max_new_tokens=12, eos_token_id=None, strategy="wedlm", return_full_text=False)
     texts = [pipe("hello", **options, **extra)[0]["generated_text"] for extra in EXTRAS]
     assert texts[0] == texts[1] and texts[0]
+
+
+def test_compile_config_on_a_dynamic_cache_is_checked_as_transformers_checks_it(model64, monkeypatch):
+    """On a DynamicCache, transformers' compile criteria (which warn that a `compile_config` cannot be met) are
+    consulted where a `compile_config` is given, and only there."""
+    seen = []
+    criteria = type(model64)._valid_auto_compile_criteria
+
+    def recorded(self, model_kwargs, generation_config):
+        seen.append(generation_config.compile_config)
+        return criteria(self, model_kwargs, generation_config)
+
+    monkeypatch.setattr(type(model64), "_valid_auto_compile_criteria", recorded)
+    ids, _ = prompts(1)
+    plain = model64.generate(ids, max_new_tokens=8, **COMMON)
+    assert seen == []
+    config = CompileConfig(backend="eager")
+    checked = model64.generate(ids, max_new_tokens=8, compile_config=config, **COMMON)
+    assert len(seen) == 1 and seen[0].backend == "eager"
+    assert torch.equal(checked.sequences, plain.sequences)

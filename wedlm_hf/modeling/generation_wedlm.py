@@ -186,8 +186,11 @@ def generate_wedlm(
 
     device = model.device
     input_ids = input_ids.to(device)
-    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
-    _validate_padding(input_ids, attention_mask)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    else:
+        attention_mask = attention_mask.to(device)
+        _validate_padding(input_ids, attention_mask)
     prefixes = _prompt_prefixes(model, past_key_values, input_ids, attention_mask)
     model._prepare_special_tokens(config, True, device=device)
     max_new_tokens = _max_new_tokens(config, input_ids.shape[1])
@@ -247,8 +250,8 @@ def generate_wedlm(
     if config.cache_implementation == "static" or isinstance(past_key_values, StaticCache):
         tokens = longest + max_new_tokens
         decode_cache = _slot_cache(model, config, decode_cache, len(input_ids), tokens)
-    else:
-        model._valid_auto_compile_criteria({"past_key_values": decode_cache, "cache": decode_cache}, config)  # warns
+    elif config.compile_config is not None:  # transformers' warning that compile_config cannot be met
+        model._valid_auto_compile_criteria({"past_key_values": decode_cache, "cache": decode_cache}, config)
     decoder = StreamingDecoder(
         model, mask_token_id, keep_cache=bool(config.return_dict_in_generate), cache=decode_cache
     )

@@ -8,6 +8,7 @@ Positions are not stored: RoPE is already applied to the cached keys, so columns
 """
 
 import inspect
+import weakref
 
 import torch
 from transformers import DynamicCache, GenerationMixin
@@ -20,11 +21,27 @@ CACHE_KWARG = (
 )
 
 
-def cache_kwarg(model) -> str:
-    """The name `model.forward` takes its KV cache under: stock models follow the installed transformers, remote
-    code may still say `past_key_values`; a forward that takes it only through **kwargs gets the current name."""
+_FORWARD_ARGUMENTS = weakref.WeakKeyDictionary()
+
+
+def forward_arguments(model) -> tuple[str, bool]:
+    """The name `model.forward` takes its KV cache under, and whether it takes `logits_to_keep`. Stock models follow
+    the installed transformers, remote code may still say `past_key_values`; a forward that takes the cache only
+    through **kwargs gets the current name. Read from the signature once per forward function: a signature costs
+    about as much as a decoding step's bookkeeping."""
+    forward = getattr(model.forward, "__func__", model.forward)
+    try:
+        return _FORWARD_ARGUMENTS[forward]
+    except (KeyError, TypeError):  # TypeError: a callable that takes no weak reference is read every time
+        pass
     parameters = inspect.signature(model.forward).parameters
-    return next((name for name in ("cache", "past_key_values") if name in parameters), CACHE_KWARG)
+    found = next((name for name in ("cache", "past_key_values") if name in parameters), CACHE_KWARG)
+    facts = (found, "logits_to_keep" in parameters)
+    try:
+        _FORWARD_ARGUMENTS[forward] = facts
+    except TypeError:
+        pass
+    return facts
 
 
 class RaggedCache:
@@ -46,8 +63,7 @@ class RaggedCache:
         # WeDLM's, which are Qwen3's); remote code may build its own from the 2D mask, so it keeps that.
         stock = type(model).__module__.startswith("transformers.models.") or model.config.model_type == "wedlm"
         self._own_mask = attention == "sdpa" and stock
-        self._keeps_logits = model._supports_logits_to_keep()
-        self._cache_kwarg = cache_kwarg(model)
+        self._cache_kwarg, self._keeps_logits = forward_arguments(model)
 
     @property
     def device(self) -> torch.device:
@@ -159,6 +175,14 @@ class RaggedCache:
                 self.valid[row, start + n :] = False
 
     def select_rows(self, rows: list[int]) -> None:
+        if rows == list(range(self.valid.shape[0])):
+            return
+        if not rows:  # the batch ends: the cache is left empty, as new (views, where a gather would cost more)
+            self.valid = self.valid[:0, :0]
+            for layer in self.cache.layers:
+                if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.dim() == 4:
+                    layer.keys, layer.values = layer.keys[:0, :, :0], layer.values[:0, :, :0]
+            return
         index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
         self.cache.batch_select_indices(index)
         self.valid = self.valid[index]

@@ -24,7 +24,7 @@ of shapes; positions, write positions and the mask are tensors, so no Python bra
 import torch
 from transformers import Cache
 
-from .ragged_cache import cache_kwarg
+from .ragged_cache import forward_arguments
 
 PREFILL_STEP = 32  # prefill widths are rounded up to a multiple of this
 LENGTH_STEP = 256  # and cache lengths to a multiple of this, so that generations of similar sizes share shapes
@@ -89,8 +89,7 @@ class SlotCache(Cache):
         self.slot_of: list[int] = []  # the slot of each active row, in the decoder's row order
         self.write_index: torch.Tensor | None = None  # (fed slots, width): where this step's tokens go
         self.keys_length = columns  # the columns this step attends over
-        self._keeps_logits = model._supports_logits_to_keep()
-        self._cache_kwarg = cache_kwarg(model)
+        self._cache_kwarg, self._keeps_logits = forward_arguments(model)
         self._arange = torch.arange(columns, device=model.device)
         # On a CPU every row fed costs its share of the matrix products, so widths take finer buckets; on a GPU a
         # few rows more cost next to nothing, and each shape more is a graph to compile and capture.

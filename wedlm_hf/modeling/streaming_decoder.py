@@ -479,8 +479,10 @@ class StreamingDecoder:
             else:
                 kept.append(row.commit(run))
             row.prompt_fed += start
-        # A joining row keeps its prompt (the first columns it was fed); every row keeps its committed run.
-        self.kv.keep_leading(width, [start + n for start, n in zip(starts, kept)])
+        # A joining row keeps its prompt (the first columns it was fed); every row keeps its committed run. Where
+        # every row ends here and no cache is returned, the rows' columns are dropped next, not cropped first.
+        if self.keep_cache or not all(row.done for row in rows):
+            self.kv.keep_leading(width, [start + n for start, n in zip(starts, kept)])
 
         mask_logits = logits[:, len(columns) - n_masks :]  # the mask columns are the widest n_masks, all of them kept
         feeds = [(filled, [] if stale.get(b) else masks) for b, (filled, masks) in enumerate(feeds)]
