@@ -134,15 +134,17 @@ def test_token_budget_must_be_positive(model):
 
 @pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
 def test_rows_that_join_after_the_batch_ended_decode_as_in_a_new_decoder(model, lossless):
-    """When every row has ended, the cache is left empty (no columns, no rows); rows that join later (a server's
-    next requests) decode exactly what they would in a fresh decoder."""
+    """When every row has ended, the cache is left empty (no columns, no rows, no memory kept); rows that join later
+    (a server's next requests) decode exactly what they would in a fresh decoder."""
     first, later = prompt(7, seed=12), [prompt(5, seed=13), prompt(9, seed=14)]
     decoder = StreamingDecoder(model, MASK_ID)
     decoder.add(first, settings(window_size=6, lossless=lossless))
     while decoder.busy:
         decoder.step()
     assert decoder.kv.length == 0 and decoder.kv.valid.shape == (0, 0)
-    assert all(layer.keys.shape[0] == layer.keys.shape[2] == 0 for layer in decoder.kv.cache.layers)
+    layers = decoder.kv.cache.layers
+    assert all(layer.keys.shape[0] == layer.keys.shape[2] == 0 for layer in layers)
+    assert not any(t.untyped_storage().nbytes() for layer in layers for t in (layer.keys, layer.values))
     rows = [decoder.add(ids, settings(window_size=6, lossless=lossless)) for ids in later]
     while decoder.busy:
         decoder.step()

@@ -177,11 +177,12 @@ class RaggedCache:
     def select_rows(self, rows: list[int]) -> None:
         if rows == list(range(self.valid.shape[0])):
             return
-        if not rows:  # the batch ends: the cache is left empty, as new (views, where a gather would cost more)
-            self.valid = self.valid[:0, :0]
+        if not rows:  # the batch ends: the cache is left empty, as new, its memory freed (no gather of nothing)
+            self.valid = self.valid.new_zeros((0, 0))
             for layer in self.cache.layers:
                 if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.dim() == 4:
-                    layer.keys, layer.values = layer.keys[:0, :, :0], layer.values[:0, :, :0]
+                    layer.keys = layer.keys.new_empty((0, layer.keys.shape[1], 0, layer.keys.shape[3]))
+                    layer.values = layer.values.new_empty((0, layer.values.shape[1], 0, layer.values.shape[3]))
             return
         index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
         self.cache.batch_select_indices(index)
