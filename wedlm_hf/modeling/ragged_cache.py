@@ -175,8 +175,6 @@ class RaggedCache:
                 self.valid[row, start + n :] = False
 
     def select_rows(self, rows: list[int]) -> None:
-        if rows == list(range(self.valid.shape[0])):
-            return
         if not rows:  # the batch ends: the cache is left empty, as new, its memory freed (no gather of nothing)
             self.valid = self.valid.new_zeros((0, 0))
             for layer in self.cache.layers:
