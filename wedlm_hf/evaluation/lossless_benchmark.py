@@ -9,8 +9,8 @@ With `compiled`, three more decoders run on the static cache (`cache_implementat
 `torch.compile(model.forward)` swapped in for their runs only, as a user compiles AR on the CPU: AR, WeDLM and
 lossless, compiled. The lossless promise holds there too: "lossless compiled" (and "AR compiled") must be AR's output.
 The untimed check pass is also their warm-up, so compilation is never timed. Compiled lossless is also set
-against eager prompt lookup: transformers before 5.24 refuses a static cache for prompt lookup, so there eager is
-the fastest prompt lookup a user has.
+against eager prompt lookup: transformers before 5.24 refuses a static cache for prompt lookup, and 5.25 overruns
+one when drafts reach the token budget (docs/benchmarks.md), so eager is the prompt lookup that runs every prompt.
 """
 
 import contextlib
