@@ -71,6 +71,19 @@ def char_tokenizer():
     return fast
 
 
+def count_unfed_ends(monkeypatch) -> list[int]:
+    """Spies on `DecodingRow.unfed_end` (behaviour unchanged): the list of its answers, 1 for each row whose last
+    draft went unfed."""
+    from wedlm_hf.modeling import streaming_decoder
+
+    answers = []
+    decide = streaming_decoder.DecodingRow.unfed_end
+    monkeypatch.setattr(
+        streaming_decoder.DecodingRow, "unfed_end", lambda row: answers.append(decide(row)) or answers[-1]
+    )
+    return answers
+
+
 def prompts(batch: int, lengths=(7, 11, 5, 9), seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded random prompts (ids below EOS) of the given lengths, with their attention mask."""
     g = torch.Generator().manual_seed(seed)

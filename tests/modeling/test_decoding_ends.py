@@ -3,7 +3,7 @@ commit it has nothing else to do, so none is run. Outputs are those of decoding 
 
 import pytest
 import torch
-from conftest import EOS_ID, prompts
+from conftest import EOS_ID, count_unfed_ends, prompts
 
 from wedlm_hf.modeling import streaming_decoder
 
@@ -55,3 +55,34 @@ def test_rows_that_keep_logits_still_run_that_forward(model64, monkeypatch):
     forwards = [s.forwards for s in out.wedlm_stats]
     without_ending_commit(monkeypatch)
     assert decode(model64, ids, mask, **settings)[1] == forwards
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_lossless_rows_last_draft_is_checked_without_being_fed(shipped_model, monkeypatch, batched):
+    """Where a run that commits whole ends the text, its last draft is verified by the row before it and never fed:
+    the same tokens in the same forwards, one row fewer for each row that ended so."""
+    from wedlm_hf.data import EVAL_TASK_SEED, task_items
+    from wedlm_hf.modeling.streaming_decoder import DecodingRow
+
+    model, tokenizer = shipped_model
+    tokenizer.padding_side = "left"
+    questions = [q for family in ("arithmetic", "lists") for q, _ in task_items(family, 4, EVAL_TASK_SEED)]
+    settings = dict(max_new_tokens=24, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+    def run():
+        outs = []
+        for group in [questions] if batched else [[q] for q in questions]:
+            batch = tokenizer(group, return_tensors="pt", padding=True)
+            out = model.generate(
+                **batch, strategy="wedlm", wedlm_lossless=True, return_dict_in_generate=True, **settings
+            )
+            outs += [(seq.tolist(), s.forwards, s.rows_fed) for seq, s in zip(out.sequences, out.wedlm_stats)]
+        return outs
+
+    unfed = count_unfed_ends(monkeypatch)
+    now = run()
+    monkeypatch.setattr(DecodingRow, "unfed_end", lambda row: 0)
+    before = run()
+    assert [(seq, forwards) for seq, forwards, _ in now] == [(seq, forwards) for seq, forwards, _ in before]
+    saved = [old - new for (_, _, new), (_, _, old) in zip(now, before)]
+    assert min(saved) >= 0 and sum(saved) == sum(unfed) > len(questions) // 2

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import EOS_ID, MASK_ID, build_model, prompts, tiny_config
+from conftest import EOS_ID, MASK_ID, build_model, count_unfed_ends, prompts, tiny_config
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList, TextStreamer
 
 from wedlm_hf import WeDLMForCausalLM
@@ -121,6 +121,32 @@ def test_cache_after_decoding_equals_ar_prefill_of_the_output(model64):
                 layer_out.values[b][:, cached], layer_ref.values[b][:, cached], rtol=0, atol=1e-10
             )
             assert (layer_out.keys[b][:, last] == 0).all()
+
+
+def test_shipped_model_cache_holds_every_token_but_the_last(shipped_model, monkeypatch):
+    """On text whose end the model drafts (a stop token, or the budget's last token, in a run that commits whole),
+    that last draft is verified by the row before it and never fed: the returned cache holds an AR prefill's K/V of
+    every token but the last, whichever way the last one committed."""
+    from wedlm_hf.data import EVAL_TASK_SEED, FAMILIES, task_items
+
+    model, tokenizer = shipped_model
+    questions = [q for family in FAMILIES for q, _ in task_items(family, 4, EVAL_TASK_SEED)]
+    budgets = [40] * len(questions) + [5, 9]  # two counting prompts cut by the budget
+    questions += questions[:2]
+    unfed = count_unfed_ends(monkeypatch)
+    for question, budget in zip(questions, budgets):
+        ids = tokenizer(question, return_tensors="pt").input_ids
+        out = lossless(model, ids, max_new_tokens=budget, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, model.generate(ids, max_new_tokens=budget, do_sample=False)), question
+        prefill = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(out.sequences[:, :-1], **{CACHE_KWARG: prefill})
+        for layer_out, layer_ref in zip(out.cache.layers, prefill.layers):
+            assert layer_out.keys.shape[2] == out.sequences.shape[1]
+            torch.testing.assert_close(layer_out.keys[:, :, :-1], layer_ref.keys, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(layer_out.values[:, :, :-1], layer_ref.values, rtol=1e-4, atol=1e-4)
+            assert (layer_out.keys[:, :, -1] == 0).all(), question
+    assert sum(unfed) > len(questions) // 2
 
 
 class RecordingModel(WeDLMForCausalLM):

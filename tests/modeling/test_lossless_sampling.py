@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import chi_square_p_value, peaky, tiny_config
+from conftest import chi_square_p_value, count_unfed_ends, peaky, tiny_config
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
 from wedlm_hf import WeDLMForCausalLM
@@ -72,7 +72,8 @@ def sample_counts(model, context_judged: list | None = None, **kwargs) -> dict:
     ],
     ids=["all-masks", "one-fill-top-k", "model-drafts-only", "context-drafts"],
 )
-def test_lossless_sampling_matches_ar_sampling(tiny_vocab_model, settings):
+def test_lossless_sampling_matches_ar_sampling(tiny_vocab_model, settings, monkeypatch):
+    unfed = count_unfed_ends(monkeypatch)
     warpers = LogitsProcessorList([TemperatureLogitsWarper(settings["temperature"])])
     if "top_k" in settings:
         warpers.append(TopKLogitsWarper(settings["top_k"]))
@@ -80,6 +81,7 @@ def test_lossless_sampling_matches_ar_sampling(tiny_vocab_model, settings):
     judged = []
     lossless = sample_counts(tiny_vocab_model, judged, wedlm_lossless=True, **settings)
     assert chi_square_p_value(lossless, expected, SAMPLES) > 1e-3
+    assert sum(unfed) > SAMPLES // 2  # most rows' third token was drafted and checked by the row before it, unfed
     if "wedlm_context_ngram" in settings:  # the case made for them: context drafts were verified, not just proposed
         assert judged[0] > SAMPLES // 10
     if not settings.get("wedlm_context_drafts", True):

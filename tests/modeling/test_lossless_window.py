@@ -34,6 +34,25 @@ def test_nothing_is_fed_past_a_drafted_stop_token():
     assert tokens(row) == [9, None, EOS_ID]
 
 
+def test_the_last_draft_is_unfed_only_where_a_whole_run_ends_the_row():
+    """Its row's logits would predict past the row's end and its K/V would never be read."""
+    assert lossless_row([Fill(9, final=True), Fill(10), Fill(EOS_ID)]).unfed_end() == 1
+    assert lossless_row([Fill(9, final=True), Fill(EOS_ID)]).unfed_end() == 1
+    # A mask before the stop token sees it (drafts are fed before masks), so it is fed.
+    assert lossless_row([Fill(9, final=True), None, Fill(EOS_ID)]).unfed_end() == 0
+    assert lossless_row([Fill(9, final=True), Fill(10), Fill(11)]).unfed_end() == 0  # the text goes on
+    budget = lossless_row([Fill(9, final=True), Fill(10), Fill(11)])
+    budget.generated = [8] * 47  # 3 tokens of room: the run's last token is the budget's
+    assert budget.unfed_end() == 1
+    budget.generated = [8] * 46
+    assert budget.unfed_end() == 0
+    assert lossless_row([Fill(9, final=True)]).unfed_end() == 0  # the final token is always fed
+    assert lossless_row([Fill(9), Fill(EOS_ID)], prefilled=False).unfed_end() == 0
+    default = lossless_row([Fill(9), Fill(10), Fill(EOS_ID)])
+    default.settings.lossless = False  # default mode commits without verifying: no row checks the last one
+    assert default.unfed_end() == 0
+
+
 def test_a_drafted_stop_token_does_not_keep_drafts_past_the_adapted_window():
     """The window is cut to the model's draft window even when it holds a stop token: a row whose drafts rest
     feeds its final token alone."""

@@ -157,6 +157,16 @@ class DecodingRow:
             run += 1
         return run
 
+    def unfed_end(self) -> int:
+        """1 where lossless mode need not feed the window's last slot: the window is one filled run that ends the
+        row there (a stop token, or the budget's last token). Its row's logits would predict past the end and its
+        K/V would never be read, while the row before it verifies it all the same; else 0."""
+        run = len(self.window)
+        if not self.settings.lossless or not self.prefilled or run < 2 or self.leading_run() != run:
+            return 0
+        room = self.settings.max_new_tokens - len(self.generated)
+        return int(self.window[-1].token in self.settings.stop_ids or run == room)
+
     def settled(self) -> list[int]:
         """The window's tokens after the committed text that no later step changes: the next forward commits them
         (it only writes their K/V). They are the default mode's leading run of fills (up to a stop token and the
@@ -409,8 +419,9 @@ class StreamingDecoder:
         for row in rows:
             start, decode = self._prompt_chunk(row, cap)
             base = row.committed
-            filled = [(slot.token, base + i) for i, slot in enumerate(row.window) if slot is not None] if decode else []
-            masks = [base + i for i, slot in enumerate(row.window) if slot is None] if decode else []
+            window = row.window[: len(row.window) - row.unfed_end()] if decode else []
+            filled = [(slot.token, base + i) for i, slot in enumerate(window) if slot is not None]
+            masks = [base + i for i, slot in enumerate(window) if slot is None]
             feeds.append((filled, masks))
             starts.append(start)  # where the row's filled slots begin
             decodes.append(decode)
@@ -434,8 +445,8 @@ class StreamingDecoder:
         ar_columns, sparse = {}, {}
         for b, (row, run, start, decode) in enumerate(zip(rows, runs, starts, decodes)):
             if (row.settings.lossless or row.tracks_logits) and decode:
-                # A joining row's last prompt token predicts slot 0; each run row the slot after it.
-                slots = range(run)
+                # A joining row's last prompt token predicts slot 0; each fed run row the slot after it.
+                slots = range(min(run, len(feeds[b][0])))
                 if row.grammar is not None and not (row.settings.lossless or row.settings.keep_logits or start):
                     slots = sparse[b] = _logit_slots(row, run)
                 ar_columns[b] = ([start - 1] if start else []) + [start + j for j in slots]
@@ -482,7 +493,7 @@ class StreamingDecoder:
         # A joining row keeps its prompt (the first columns it was fed); every row keeps its committed run. Where
         # every row ends here and no cache is returned, the rows' columns are dropped next, not cropped first.
         if self.keep_cache or not all(row.done for row in rows):
-            self.kv.keep_leading(width, [start + n for start, n in zip(starts, kept)])
+            self.kv.keep_leading(width, [start + min(n, len(f)) for start, n, (f, _) in zip(starts, kept, feeds)])
 
         mask_logits = logits[:, len(columns) - n_masks :]  # the mask columns are the widest n_masks, all of them kept
         feeds = [(filled, [] if stale.get(b) else masks) for b, (filled, masks) in enumerate(feeds)]
