@@ -18,14 +18,14 @@ from wedlm_hf.evaluation.lossless_benchmark import (
 )
 
 
-def tiny_run(tmp_path, char_tokenizer, **options):
+def tiny_run(tmp_path, char_tokenizer, repeats=1, **options):
     build_model(dtype=torch.float32).save_pretrained(tmp_path, tokenizer=char_tokenizer)
     lines = []
     report = run_lossless_benchmark(
         str(tmp_path),
         prompts_per_family=1,
         new_tokens=6,
-        repeats=1,
+        repeats=repeats,
         train_items_per_family=200,
         log=lines.append,
         **options,
@@ -34,7 +34,7 @@ def tiny_run(tmp_path, char_tokenizer, **options):
 
 
 def test_every_family_and_decoder_is_reported_and_checked_against_ar(tmp_path, char_tokenizer):
-    report, lines = tiny_run(tmp_path, char_tokenizer)
+    report, lines = tiny_run(tmp_path, char_tokenizer, repeats=2)
     families = [*FAMILIES, "code", "repeat", "all"]
     assert list(report["families"]) == families and report["mismatches"] == []
     for row in report["families"].values():
@@ -42,9 +42,14 @@ def test_every_family_and_decoder_is_reported_and_checked_against_ar(tmp_path, c
         assert row["identical_to_ar"] == dict.fromkeys(EXACT, True)
         assert row["lossless_vs_ar"] > 0 and row["lossless_vs_prompt_lookup"] > 0
         assert row["lossless"]["tokens_per_forward"] > 0 and row["lossless"]["accepted_context_drafts"] >= 0
+        assert len(row["lossless_vs_prompt_lookup_per_run"]) == 2  # one ratio per timed run
     header = next(i for i, line in enumerate(lines) if line.startswith("family"))
     assert lines[header].split()[: len(COLUMNS)] == list(COLUMNS)
-    assert [line.split()[0] for line in lines[header + 1 : header + 1 + len(families)]] == families
+    table = lines[header + 1 : header + 1 + len(families)]
+    assert [line.split()[0] for line in table] == families
+    for line, row in zip(table, report["families"].values()):  # the last column: the single runs' LL/PLD range
+        runs = row["lossless_vs_prompt_lookup_per_run"]
+        assert line.split()[-1] == f"{min(runs):.2f}-{max(runs):.2f}"
     assert lines[-1] == "identical to AR generate on every prompt: " + ", ".join(EXACT)
 
 
