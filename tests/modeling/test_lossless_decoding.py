@@ -158,7 +158,7 @@ class RecordingModel(WeDLMForCausalLM):
 
 
 def test_logits_only_for_the_verified_run_and_the_masks():
-    torch.manual_seed(4)
+    torch.manual_seed(5)  # a model whose decoding feeds filled slots after a gap at some step (asserted at the end)
     model = RecordingModel(tiny_config(qk_norm=False, attention_bias=True)).to(torch.float64).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(50.0)

@@ -4,7 +4,7 @@ import torch
 from conftest import EOS_ID
 
 from wedlm_hf.modeling.draft_verification import ArPredictions
-from wedlm_hf.modeling.draft_windows import COPY_TOKENS, JOIN_MASKS, PATIENCE, PROBE, ContextWindow, DraftWindow
+from wedlm_hf.modeling.draft_windows import COPY_TOKENS, GROWTH, JOIN_MASKS, PATIENCE, PROBE, ContextWindow, DraftWindow
 from wedlm_hf.modeling.streaming_decoder import DecodingRow, DecodingSettings, Fill, StreamingDecoder
 from wedlm_hf.modeling.window_filling import FillSampler
 
@@ -82,6 +82,29 @@ def test_a_draft_window_whose_drafts_held_grows_from_what_was_checked():
     assert small.size == 8  # quadrupled: more than four times the one draft checked
     small.update(16, checked=1, rejected=True)
     assert small.size == 4 and not small.held
+
+
+def test_a_joining_rows_drafts_size_the_window_of_its_first_check():
+    """Each fill of a joining row's masks passed the entropy rule: the first check's window is what their holding
+    would make it (GROWTH times their number, capped by W), unless the model's window rests."""
+    joined = [Fill(4, final=True), Fill(10), Fill(11), Fill(12)]
+    row = lossless_row(joined, context_drafts=False)
+    row.refill()
+    assert tokens(row) == [4, 10, 11, 12] + [None] * 3 * GROWTH
+    capped = lossless_row(joined, context_drafts=False, window_size=8)
+    capped.refill()
+    assert tokens(capped) == [4, 10, 11, 12] + [None] * 8
+    none = lossless_row([Fill(4, final=True)], context_drafts=False)  # no fills: the model window's own size
+    none.refill()
+    assert tokens(none) == [4, None, None]
+    checked = lossless_row(joined, context_drafts=False)  # after a check the model window decides alone
+    checked.model_window.held = True
+    checked.refill()
+    assert tokens(checked) == [4, 10, 11, 12, None, None]
+    resting = lossless_row(joined, context_drafts=False)
+    resting.model_window.size = 0
+    resting.refill()
+    assert tokens(resting) == [4, 10, 11, 12]
 
 
 class _Decoder(StreamingDecoder):
@@ -201,6 +224,24 @@ def test_while_the_model_drafts_hold_only_a_long_match_is_copied():
     row = copying_row(long, [Fill(26, final=True)], held=True, resting=True)  # a resting source copies nothing
     row.refill()
     assert tokens(row) == [26]
+
+
+def test_after_a_joining_rows_unchecked_drafts_a_one_token_match_is_not_copied():
+    """One token of agreement (a digit of a number in the prompt) says little; a copy that failed would leave the
+    next forward no drafts, where the model's masks would have drafted on."""
+    one = [1, 2, 3, 9, 8, 7]  # the draft 3 occurred before, after 2, not after the final token 4
+    row = copying_row(one, [Fill(4, final=True), Fill(3)], held=None)
+    row.model_window.size = 2
+    row.refill()
+    assert tokens(row) == [4, 3] + [None] * GROWTH  # the model's masks instead
+    two = [1, 4, 3, 9, 8, 7]  # "4 3" occurred before: two tokens agree
+    row = copying_row(two, [Fill(4, final=True), Fill(3)], held=None)
+    row.model_window.size = 2
+    row.refill()
+    assert tokens(row) == [4, 3, 9, 8, 7]
+    row = copying_row([2, 4, 9, 8, 7], [Fill(4, final=True)], held=None)  # no unchecked drafts: one token will do
+    row.refill()
+    assert tokens(row) == [4, 9, 8, 7]
 
 
 def test_once_the_model_drafts_failed_a_copy_takes_their_place():

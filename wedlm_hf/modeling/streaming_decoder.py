@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .context_drafts import LONG_MATCH, ContextIndex
+from .context_drafts import FIRST_MATCH, LONG_MATCH, ContextIndex
 from .draft_verification import ArPredictions
-from .draft_windows import COPY_TOKENS, JOIN_MASKS, ContextWindow, DraftWindow
+from .draft_windows import COPY_TOKENS, GROWTH, JOIN_MASKS, ContextWindow, DraftWindow
 from .grammar_commit import allowed_along, allowed_tokens, restrict, valid_prefix
 from .ragged_cache import RaggedCache
 from .slot_cache import SlotCache
@@ -157,6 +157,10 @@ class DecodingRow:
             run += 1
         return run
 
+    def own_drafts(self) -> int:
+        """The model's own drafts (grammar-restricted or not) in the leading run, after the final token."""
+        return sum(slot.source in ("model", "constrained") for slot in self.window[1 : self.leading_run()])
+
     def unfed_end(self) -> int:
         """1 where lossless mode need not feed the window's last slot: the window is one filled run that ends the
         row there (a stop token, or the budget's last token). Its row's logits would predict past the end and its
@@ -195,6 +199,11 @@ class DecodingRow:
                 del self.window[stop + 1 :]
             size = min(size, self.model_window.size if self.prefilled else JOIN_MASKS)
             run = self.leading_run()
+            if self.prefilled and self.model_window.held is None and size:
+                # Before the first check, the fills of the joining row's masks say how easy the text is (each
+                # passed the entropy rule): the window (unless it rests) is what their holding would make it, so
+                # easy text does not spend a forward growing it.
+                size = min(self.settings.window_size, max(size, GROWTH * self.own_drafts()))
             if self.grammar is not None and self.prefilled and run > 1 and self.window[run - 1].source == "forced":
                 # After a grammar's fixed string the next token is AR's own; the mask after it drafts the token
                 # after that (e.g. the separator after a one-token value), and the grammar's next fixed string
@@ -207,22 +216,24 @@ class DecodingRow:
             return
         if self.settings.lossless and self.settings.context_drafts and self.prefilled:
             # While the model's own last drafts all held (counting, copying), only a long match is copied: a wrong
-            # context draft would displace good model drafts. Once they failed (code), a copy continues the final
-            # token in place of their unverified drafts, which would stand before it and could take it down with
-            # them. A step that drafts from the context adds no masks after its drafts: their rows would cost as
-            # much as the drafts, for guesses drawn with unverified drafts in view.
+            # context draft would displace good model drafts; after a joining row's unchecked drafts, at least a
+            # two-token match (one token, such as a digit, says little). Once they failed (code), a copy continues
+            # the final token in place of their unverified drafts, which would stand before it and could take it
+            # down with them. A step that drafts from the context adds no masks after its drafts: their rows would
+            # cost as much as the drafts, for guesses drawn with unverified drafts in view.
             held = self.model_window.held
-            if self.draft_from_context(long_only=held is True, replace_model_drafts=held is False):
+            shortest = LONG_MATCH if held else FIRST_MATCH if held is None and self.own_drafts() else 1
+            if self.draft_from_context(shortest, replace_model_drafts=held is False):
                 size = 0
         room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
         wanted = size + self.leading_run() - len(self.window)
         self.window.extend([None] * max(0, min(wanted, room)))
 
-    def draft_from_context(self, long_only: bool = False, replace_model_drafts: bool = False) -> bool:
+    def draft_from_context(self, shortest: int = 1, replace_model_drafts: bool = False) -> bool:
         """Fills the masks right after the leading run with the tokens that followed the latest earlier occurrence
         of the text's suffix (at most COPY_TOKENS and W of them, within the token budget, up to a stop token, and
         under a grammar up to the first token it rejects); they are verified with the run in the next forward;
-        nothing while the context source rests, and with `long_only` only a long match (LONG_MATCH tokens agree).
+        nothing while the context source rests, nor for a match shorter than `shortest` tokens (LONG_MATCH: long).
         A continuation that contradicts one of the model's own fills on its way is dropped whole: the model is
         confident there, and a rejected context draft would discard its fills. With `replace_model_drafts` the copy
         continues the run before the model's first draft (the final token, and tokens a grammar forces) and, if
@@ -242,7 +253,7 @@ class DecodingRow:
         room = self.settings.max_new_tokens - len(self.generated) - run
         limit = min(self.settings.window_size, COPY_TOKENS, room)
         drafts, length = self.context.lookup(committed + pending, self.settings.context_ngram, limit)
-        if long_only and length < LONG_MATCH:
+        if length < shortest:
             return False
         del drafts[self.context_window.size :]  # nothing while the source rests
         for i, token in enumerate(drafts):
