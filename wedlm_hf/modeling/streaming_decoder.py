@@ -24,6 +24,8 @@ from .ragged_cache import RaggedCache
 from .slot_cache import SlotCache
 from .window_filling import FillSampler, choose_fills, entropy, suppress_token
 
+OWN_SOURCES = ("model", "constrained")  # a Fill's sources that are the model's own drafts (grammar-restricted or not)
+
 
 @dataclass
 class WeDLMStats:
@@ -159,7 +161,7 @@ class DecodingRow:
 
     def own_drafts(self) -> int:
         """The model's own drafts (grammar-restricted or not) in the leading run, after the final token."""
-        return sum(slot.source in ("model", "constrained") for slot in self.window[1 : self.leading_run()])
+        return sum(slot.source in OWN_SOURCES for slot in self.window[1 : self.leading_run()])
 
     def unfed_end(self) -> int:
         """1 where lossless mode need not feed the window's last slot: the window is one filled run that ends the
@@ -240,8 +242,7 @@ class DecodingRow:
         there is one, takes the place of everything after it. Returns whether a copy was placed."""
         run = self.leading_run()
         if replace_model_drafts:  # the run up to the model's first draft (a grammar's forced tokens stay)
-            own = ("model", "constrained")
-            run = next((i for i in range(1, run) if self.window[i].source in own), run)
+            run = next((i for i in range(1, run) if self.window[i].source in OWN_SOURCES), run)
         pending = [slot.token for slot in self.window[:run]]
         stop_ids = self.settings.stop_ids
         if not run or any(token in stop_ids for token in pending):
@@ -567,7 +568,7 @@ class StreamingDecoder:
         own = checked["model"] + checked["constrained"]  # the model's own fills, restricted by a grammar or not
         row.context_window.update(settings.window_size, checked["context"], rejected_by == "context")
         copying = settings.context_drafts and row.context_window.trying  # a resting model source waits meanwhile
-        row.model_window.update(settings.window_size, own, rejected_by in ("model", "constrained"), paused=copying)
+        row.model_window.update(settings.window_size, own, rejected_by in OWN_SOURCES, paused=copying)
         kept = row.commit(accepted)
         if row.done or ends or replacement is None:
             return kept
