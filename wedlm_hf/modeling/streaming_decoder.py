@@ -565,7 +565,7 @@ class StreamingDecoder:
                     break
             else:
                 replacement = ar.own_token(run - first)
-        own = checked["model"] + checked["constrained"]  # the model's own fills, restricted by a grammar or not
+        own = sum(checked[source] for source in OWN_SOURCES)
         row.context_window.update(settings.window_size, checked["context"], rejected_by == "context")
         copying = settings.context_drafts and row.context_window.trying  # a resting model source waits meanwhile
         row.model_window.update(settings.window_size, own, rejected_by in OWN_SOURCES, paused=copying)
