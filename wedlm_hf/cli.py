@@ -279,9 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument(
         "--compiled",
         action="store_true",
-        help="also AR, WeDLM and lossless on the static cache with torch.compile(model.forward), checked against AR "
-        "(compiling takes minutes)",
+        help="also AR, WeDLM and lossless on the static cache, compiled (the CPU: torch.compile(model.forward); a GPU: "
+        "generate's own compile, CUDA graphs), checked against AR (compiling takes minutes)",
     )
+    bl.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
 
     bs = command("bench-structured", "WeDLM under a JSON schema vs AR generate with the grammar's logits processor")
     _add_prompt_bench_args(bs, new_tokens=96)

@@ -1,5 +1,6 @@
 """`wedlm-hf bench-lossless` runs every decoder on every family and checks outputs against AR (no timing asserts)."""
 
+import pytest
 import torch
 from conftest import VOCAB, build_model
 
@@ -13,9 +14,11 @@ from wedlm_hf.evaluation.lossless_benchmark import (
     DECODERS,
     EXACT,
     EXACT_COMPILED,
+    generate_compile_config,
     repeat_prompts,
     run_lossless_benchmark,
 )
+from wedlm_hf.modeling import WeDLMForCausalLM
 
 
 def tiny_run(tmp_path, char_tokenizer, repeats=1, **options):
@@ -69,6 +72,37 @@ def test_compiled_decoders_are_reported_and_checked_against_ar(tmp_path, char_to
     assert lines[-1] == "identical to AR generate on every prompt: " + ", ".join(EXACT + EXACT_COMPILED)
 
 
+def test_compiled_decoders_can_compile_as_generate_does_on_a_gpu(tmp_path, char_tokenizer, monkeypatch):
+    """On a GPU the compiled decoders use generate's own compile of the decoding step (CUDA graphs); on this CPU
+    that path runs when asked, with the "eager" backend."""
+    made = []
+    original = WeDLMForCausalLM.get_compiled_call
+
+    def counted(self, compile_config):
+        made.append(compile_config)
+        return original(self, compile_config)
+
+    monkeypatch.setattr(WeDLMForCausalLM, "get_compiled_call", counted)
+    report, lines = tiny_run(tmp_path, char_tokenizer, compiled=True, compile_backend="eager", compile_in_generate=True)
+    assert report["mismatches"] == [] and report["settings"]["compiled_in_generate"] is True
+    assert made and all(config.backend == "eager" for config in made)
+    assert any(line.startswith("compiled: cache_implementation='static' with generate's own compile") for line in lines)
+    assert report["families"]["all"]["identical_to_ar"] == dict.fromkeys(EXACT + EXACT_COMPILED, True)
+
+
+def test_generate_compile_config_is_transformers_default_for_inductor():
+    config = generate_compile_config("inductor", "cuda")
+    assert (config.backend, config.mode) == ("inductor", "reduce-overhead") and not config._compile_all_devices
+    config = generate_compile_config("eager", "cpu")
+    assert (config.backend, config.mode) == ("eager", None) and config._compile_all_devices
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_a_cuda_device_without_cuda_names_the_argument(tmp_path, char_tokenizer):
+    with pytest.raises(ValueError, match=r"--device cuda: torch sees no CUDA device here; leave out --device"):
+        tiny_run(tmp_path, char_tokenizer, device="cuda")
+
+
 def test_a_decoder_that_differs_from_ar_is_reported(tmp_path, char_tokenizer, monkeypatch):
     """Every token suppressed: greedy picks token 0 throughout, which AR does not."""
     monkeypatch.setitem(DECODERS, "prompt lookup", dict(do_sample=False, suppress_tokens=list(range(VOCAB))))
@@ -84,6 +118,6 @@ def test_repeat_prompts_and_command_defaults():
     assert len(set(prompts)) == 3 and prompts == repeat_prompts(3) and prompts[2].startswith("def unpack(")
     args = build_parser().parse_args(["bench-lossless"])
     assert (args.prompts_per_family, args.new_tokens, args.repeats, args.threads) == (10, 64, 3, 1)
-    assert args.model is None and args.json is None and not args.compiled
+    assert args.model is None and args.json is None and not args.compiled and args.device == "cpu"
     assert build_parser().parse_args(["bench-lossless", "--compiled"]).compiled
     assert callable(lossless_benchmark.bench_lossless_command)

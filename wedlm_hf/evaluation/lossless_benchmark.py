@@ -7,11 +7,13 @@ decoders alike; lossless against prompt lookup is also given for each timed run 
 show how far the machine's noise moves that ratio. Before any timing, each output that should equal AR's is checked
 against it, prompt by prompt.
 
-With `compiled`, three more decoders run on the static cache (`cache_implementation="static"`) with
-`torch.compile(model.forward)` swapped in for their runs only, as a user compiles AR on the CPU: AR, WeDLM and
-lossless, compiled. The lossless promise holds there too: "lossless compiled" (and "AR compiled") must be AR's output.
-The untimed check pass is also their warm-up, so compilation is never timed. Compiled lossless is also set
-against eager prompt lookup: transformers before 5.24 refuses a static cache for prompt lookup, and 5.25 overruns
+With `compiled`, three more decoders run on the static cache (`cache_implementation="static"`), compiled as a user
+compiles AR decoding on that device: AR, WeDLM and lossless, compiled. On the CPU, where `generate` does not compile,
+`torch.compile(model.forward)` is swapped in for their runs only; on a GPU, `generate` compiles the decoding step
+itself (transformers' `CompileConfig`: inductor with CUDA graphs), as it does for any static-cache call there.
+The lossless promise holds there too: "lossless compiled" (and "AR compiled") must be AR's output. The untimed
+check pass is also their warm-up, so compilation is never timed. Compiled lossless is also set against eager
+prompt lookup: transformers before 5.24 refuses a static cache for prompt lookup, and 5.25 overruns
 one when drafts reach the token budget (docs/benchmarks.md), so eager is the prompt lookup that runs every prompt.
 """
 
@@ -21,11 +23,10 @@ import random
 import time
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, CompileConfig
 
 from ..data import FAMILIES, default_model_path
-from ..modeling import WeDLMForCausalLM
-from .benchmark import compiled_forward, swapped_forward
+from .benchmark import compiled_forward, load_bench_model, swapped_forward
 from .evaluate import code_snippets, held_out_items
 
 # name -> generate() arguments; the WeDLM ones take W, tau and lambda from the model's generation config.
@@ -44,7 +45,7 @@ COMPILED_DECODERS = {
     "WeDLM compiled": dict(strategy="wedlm", cache_implementation="static"),
     "lossless compiled": dict(strategy="wedlm", wedlm_lossless=True, cache_implementation="static"),
 }
-# (disable_compile=True for them: the swapped-in compiled forward is the one compile, whatever the device.)
+# (With a swapped-in compiled forward, disable_compile=True for them: that forward is the one compile.)
 EXACT_COMPILED = ("AR compiled", "lossless compiled")
 _WORDS = "apple river stone cloud tiger lamp orange piano forest candle mirror silver rocket garden window".split()
 
@@ -88,25 +89,36 @@ def run_lossless_benchmark(
     train_items_per_family: int = 20000,
     compiled: bool = False,
     compile_backend: str = "inductor",
+    device: str = "cpu",
+    compile_in_generate: bool | None = None,
     log=print,
 ) -> dict:
-    """`compiled`: also the COMPILED_DECODERS, with torch.compile's `compile_backend` ("eager": the plumbing only)."""
+    """`compiled`: also the COMPILED_DECODERS, with torch.compile's `compile_backend` ("eager": the plumbing only).
+    `compile_in_generate`: compile them as `generate` does on a GPU (default: on a CUDA `device`), not by swapping
+    in a compiled forward."""
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = WeDLMForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = load_bench_model(model_path, device)
     families = prompt_families(tokenizer, prompts_per_family, train_items_per_family)
     decoders = {**DECODERS, **(COMPILED_DECODERS if compiled else {})}
     names = list(decoders)
     exact = EXACT + (EXACT_COMPILED if compiled else ())
-    compiled_call = compiled_forward(model, compile_backend) if compiled else None
+    if compile_in_generate is None:
+        compile_in_generate = model.device.type == "cuda"
+    compiled_call = compiled_forward(model, compile_backend) if compiled and not compile_in_generate else None
+    compiled_args = dict(disable_compile=True)
+    if compile_in_generate:
+        compiled_args = dict(compile_config=generate_compile_config(compile_backend, model.device.type))
 
     def decode(name: str, ids: list[int], checked: bool = True):
         """The generated tokens and WeDLM stats; timed runs (`checked=False`) make the plain call, which returns
-        the token ids alone (a dict output also builds the returned cache, which AR keeps anyway)."""
-        x = torch.tensor([ids])
-        forward = swapped_forward(model, compiled_call) if name in COMPILED_DECODERS else contextlib.nullcontext()
+        the token ids alone (a dict output also builds the returned cache, which AR keeps anyway). The ids come
+        back to the CPU, which waits for a GPU's work: the timing covers it."""
+        x = torch.tensor([ids], device=model.device)
+        swap = compiled_call is not None and name in COMPILED_DECODERS
+        forward = swapped_forward(model, compiled_call) if swap else contextlib.nullcontext()
         with forward:
-            extra = dict(disable_compile=True) if name in COMPILED_DECODERS else {}
+            extra = compiled_args if name in COMPILED_DECODERS else {}
             out = model.generate(
                 x, max_new_tokens=new_tokens, return_dict_in_generate=checked, **decoders[name], **extra
             )
@@ -187,7 +199,7 @@ def run_lossless_benchmark(
     threads_used = torch.get_num_threads()
     log(
         f"model: {portable_name(model_path)}, {sum(q.numel() for q in model.parameters()) / 1e6:.1f}M parameters, "
-        f"cpu float32, {threads_used} thread{'s' * (threads_used != 1)}; {prompts_per_family} prompt"
+        f"{model.device} float32, {threads_used} CPU thread{'s' * (threads_used != 1)}; {prompts_per_family} prompt"
         f"{'s' * (prompts_per_family != 1)} per family, at most {new_tokens} new tokens (stops at eos), best of "
         f"{repeats} interleaved run{'s' * (repeats != 1)}"
     )
@@ -198,10 +210,14 @@ def run_lossless_benchmark(
     )
     log(format_table(rows))
     if compiled:
+        how = (
+            f"generate's own compile ({compiled_args['compile_config']})"
+            if compile_in_generate
+            else f"torch.compile(model.forward) (backend {compile_backend!r})"
+        )
         log(
-            "compiled: cache_implementation='static' with torch.compile(model.forward) (backend "
-            f"{compile_backend!r}): ARc = AR, WeDLMc = WeDLM, LLc = lossless, compiled; x/y = ratios of tokens/s; "
-            "LLc/PLD: compiled lossless against eager prompt lookup"
+            f"compiled: cache_implementation='static' with {how}: ARc = AR, WeDLMc = WeDLM, LLc = lossless, "
+            "compiled; x/y = ratios of tokens/s; LLc/PLD: compiled lossless against eager prompt lookup"
         )
         log(format_compiled_table(rows))
     failed = sorted({(m["decoder"], m["family"]) for m in mismatches})
@@ -215,7 +231,9 @@ def run_lossless_benchmark(
             new_tokens=new_tokens,
             repeats=repeats,
             threads=threads_used,
+            device=str(model.device),
             compiled=compile_backend if compiled else None,
+            compiled_in_generate=compiled and compile_in_generate,
         ),
         families=rows,
         mismatches=mismatches,
@@ -264,6 +282,15 @@ def format_compiled_table(rows: dict) -> str:
     return "\n".join(lines)
 
 
+def generate_compile_config(backend: str, device_type: str) -> CompileConfig:
+    """The compile `generate` makes of a static-cache decoding step: transformers' default (inductor, CUDA graphs)
+    for inductor; another backend takes no mode. Off CUDA, transformers compiles only when its config says so."""
+    config = CompileConfig() if backend == "inductor" else CompileConfig(backend=backend, mode=None)
+    if device_type != "cuda":
+        config._compile_all_devices = True  # the switch transformers' own CPU tests use
+    return config
+
+
 def portable_name(path: str) -> str:
     return "the shipped model" if path == default_model_path() else path
 
@@ -277,6 +304,7 @@ def bench_lossless_command(args) -> None:
         repeats=args.repeats,
         threads=args.threads,
         compiled=args.compiled,
+        device=args.device,
     )
     if args.json:
         with open(args.json, "w") as f:
