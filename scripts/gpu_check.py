@@ -7,7 +7,10 @@
 (d) on the same model, batch 1 and 16: time per decoding step and tokens/s of `generate` for AR and WeDLM (at forced
     acceptance: every mask filled each step, no eos), each static + compiled (transformers' compile of decoding:
     CUDA graphs on CUDA) and eager (DynamicCache), next to the memory bound (weight bytes / copy bandwidth), with
-    the targets PASS/FAIL.
+    the targets PASS/FAIL;
+(e) `wedlm-hf bench-lossless --device cuda`, eager and then with the compiled decoders (generate's own compile:
+    CUDA graphs), on the shipped model in float32 (lossless output must be AR's, token for token).
+`--parts` picks parts (default abcd; e takes about as long as the others together).
 
 `--cpu` is the dry run: tiny sizes, CPU, float32, eager attention standing in for flash-attention-2, and dynamo's
 "eager" backend standing in for inductor + CUDA graphs.
@@ -99,6 +102,23 @@ def bench(device: str, dtype: str, small: bool) -> None:
         argv += ["--no-compile"]  # a CPU dry run: compiling would take minutes
     print("wedlm-hf " + " ".join(argv), flush=True)
     wedlm_hf_cli(argv)
+
+
+def bench_lossless(device: str, small: bool, compiled: bool, json_dir: str | None) -> None:
+    """(e) the real `wedlm-hf bench-lossless` command, in this process."""
+    argv = ["bench-lossless", "--device", device, "--threads", "2"]
+    argv += ["--prompts-per-family", "1", "--new-tokens", "8", "--repeats", "1"] if small else ["--repeats", "3"]
+    if compiled:
+        argv += ["--compiled"]
+    if json_dir:
+        argv += ["--json", str(Path(json_dir) / f"bench_lossless{'_compiled' * compiled}.json")]
+    print("wedlm-hf " + " ".join(argv), flush=True)
+    graphs = _compiled_graphs()
+    try:
+        wedlm_hf_cli(argv)
+    finally:
+        if compiled and graphs is not None:
+            print(f"graphs dynamo compiled in this run: {_compiled_graphs() - graphs}", flush=True)
 
 
 def random_model(device: str, dtype: torch.dtype, sizes: dict) -> WeDLMForCausalLM:
@@ -389,7 +409,12 @@ def run_part(name: str, failures: list[str], fn, *args, **kwargs):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="dry run: tiny sizes, CPU, float32")
-    cpu = parser.parse_args().cpu
+    parser.add_argument("--parts", default="abcd", help="the parts to run, e.g. abcd or e (default: abcd)")
+    parser.add_argument("--json-dir", default=None, help="(e) writes its measurements here as JSON (default: none)")
+    args = parser.parse_args()
+    cpu, parts = args.cpu, set(args.parts)
+    if not parts or not parts <= set("abcde"):
+        parser.error(f"--parts {args.parts}: give letters among a, b, c, d and e, e.g. --parts abcd")
     device, dtype = ("cpu", torch.float32) if cpu else ("cuda", torch.bfloat16)
     if not cpu and not torch.cuda.is_available():
         print("gpu_check: torch sees no CUDA device; run with --cpu for the dry run.", file=sys.stderr)
@@ -404,49 +429,65 @@ def main() -> int:
 
     began = time.perf_counter()
     failures: list[str] = []
-    section("(a) flash-attention-2 vs sdpa, generate(strategy='wedlm'), shipped model")
-    equal, compared = True, True
-    if cpu:
-        print("dry run: eager attention stands in for flash-attention-2")
-        equal = run_part("(a)", failures, attention_equality, device, dtype, "eager", new_tokens=8)
-    elif importlib.util.find_spec("flash_attn") is None:
-        print("SKIPPED: the flash_attn package is not installed here, so flash-attention-2 cannot be compared.")
-        compared = False
-    else:
-        equal = run_part("(a)", failures, attention_equality, device, dtype, "flash_attention_2", new_tokens=48)
+    equal, compared = True, "a" in parts
+    if "a" in parts:
+        section("(a) flash-attention-2 vs sdpa, generate(strategy='wedlm'), shipped model")
+        if cpu:
+            print("dry run: eager attention stands in for flash-attention-2")
+            equal = run_part("(a)", failures, attention_equality, device, dtype, "eager", new_tokens=8)
+        elif importlib.util.find_spec("flash_attn") is None:
+            print("SKIPPED: the flash_attn package is not installed here, so flash-attention-2 cannot be compared.")
+            compared = False
+        else:
+            equal = run_part("(a)", failures, attention_equality, device, dtype, "flash_attention_2", new_tokens=48)
 
-    section(f"(b) wedlm-hf bench on {device}, {dtype_name(dtype)}")
-    run_part("(b)", failures, bench, device, dtype_name(dtype), small=cpu)
+    if "b" in parts:
+        section(f"(b) wedlm-hf bench on {device}, {dtype_name(dtype)}")
+        run_part("(b)", failures, bench, device, dtype_name(dtype), small=cpu)
 
     shape = "tiny model" if cpu else "Qwen3-8B sizes"
-    section(f"(c) one decoding forward of 2W rows vs one AR step, {shape}")
-    model = run_part("(c) model", failures, random_model, device, dtype, TINY if cpu else QWEN3_8B)
-    if model is None:
-        print("PART (c) FAILED: no model (see above)")
-    elif cpu:
-        run_part("(c)", failures, forward_cost, model, prompt_len=32, window=4, repeats=3)
-    else:
-        run_part("(c)", failures, forward_cost, model, prompt_len=1024, window=16, repeats=20)
+    model = None
+    if parts & {"c", "d"}:
+        model = run_part("(c) model", failures, random_model, device, dtype, TINY if cpu else QWEN3_8B)
+    if "c" in parts:
+        section(f"(c) one decoding forward of 2W rows vs one AR step, {shape}")
+        if model is None:
+            print("PART (c) FAILED: no model (see above)")
+        elif cpu:
+            run_part("(c)", failures, forward_cost, model, prompt_len=32, window=4, repeats=3)
+        else:
+            run_part("(c)", failures, forward_cost, model, prompt_len=1024, window=16, repeats=20)
 
-    section(f"(d) decoding steps and tokens/s of generate, AR and WeDLM, static+compiled and eager, {shape}")
-    if model is None:
-        print("PART (d) FAILED: no model (see (c))")
-        failures.append("(d)")
-    else:
-        if cpu:  # dynamo only (no inductor): cheap; transformers compiles off CUDA only when told to
-            compile_config = transformers.CompileConfig(backend="eager", mode=None)
-            compile_config._compile_all_devices = True  # the switch transformers' own CPU tests use
-            speed = dict(prompt_len=32, compile_config=compile_config, repeats=1, copy_bytes=64 * 2**20)
-            deadline = began + 300
-        else:  # transformers' default compile of a static cache on CUDA
-            speed = dict(prompt_len=256, compile_config=None, repeats=3, copy_bytes=4 * 2**30)
-            deadline = began + 390  # a row started by then ends by 8 minutes (a compiled 8B row: about a minute)
-        batches, tokens = (1, 16), dict(ar_tokens=(64, 16), wedlm_tokens=(128, 32))
-        run_part("(d)", failures, decode_speed, model, batches, **tokens, **speed, deadline=deadline)
+    if "d" in parts:
+        section(f"(d) decoding steps and tokens/s of generate, AR and WeDLM, static+compiled and eager, {shape}")
+        if model is None:
+            print("PART (d) FAILED: no model (see (c))")
+            failures.append("(d)")
+        else:
+            if cpu:  # dynamo only (no inductor): cheap; transformers compiles off CUDA only when told to
+                compile_config = transformers.CompileConfig(backend="eager", mode=None)
+                compile_config._compile_all_devices = True  # the switch transformers' own CPU tests use
+                speed = dict(prompt_len=32, compile_config=compile_config, repeats=1, copy_bytes=64 * 2**20)
+                deadline = began + 300
+            else:  # transformers' default compile of a static cache on CUDA
+                speed = dict(prompt_len=256, compile_config=None, repeats=3, copy_bytes=4 * 2**30)
+                deadline = began + 390  # a row started by then ends by 8 minutes (a compiled 8B row: about a minute)
+            batches, tokens = (1, 16), dict(ar_tokens=(64, 16), wedlm_tokens=(128, 32))
+            run_part("(d)", failures, decode_speed, model, batches, **tokens, **speed, deadline=deadline)
     del model
+
+    if "e" in parts:
+        section(f"(e) wedlm-hf bench-lossless on {device}, float32, the shipped model: eager, then compiled")
+        run_part("(e) eager", failures, bench_lossless, device, cpu, compiled=False, json_dir=args.json_dir)
+        if cpu:
+            print("dry run: the compiled decoders are left out (inductor would take minutes here)")
+        else:
+            run_part("(e) compiled", failures, bench_lossless, device, cpu, compiled=True, json_dir=args.json_dir)
 
     if "(a)" in failures:
         result = "attention implementations NOT COMPARED: (a) failed"
+    elif "a" not in parts:
+        result = "parts " + ", ".join(sorted(parts)) + " measured (above)"
     elif not compared:
         result = "flash-attention-2 not compared (flash_attn absent); bench, forward cost and decoding speed above"
     else:

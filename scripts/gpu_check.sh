@@ -7,18 +7,20 @@
 #   (d) on the same model, batch 1 and 16: ms per decoding step and tokens/s of generate, AR and WeDLM (forced
 #       acceptance: wedlm_entropy_threshold=1e9, no eos), each static+compiled (cache_implementation="static",
 #       transformers' default compile: CUDA graphs) and eager (DynamicCache), the memory bound (weight bytes / measured
-#       copy bandwidth), and the targets with PASS/FAIL. Rows not started by 6.5 minutes are skipped, with a line.
+#       copy bandwidth), and the targets with PASS/FAIL. Rows not started by 6.5 minutes are skipped, with a line;
+#   (e) only when asked (--parts e): `wedlm-hf bench-lossless --device cuda`, eager, then with compiled decoders.
 # A part that fails prints `PART (x) FAILED: <error>` and the next part runs; a failed part (not a missed target)
 # makes the exit status 1.
 # On a machine without network: run scripts/gpu_wheels.sh where there is one, and bring the .whl/ folder along;
 # this script installs from it only the wheels whose package is missing or older there (into /tmp/site).
-# Usage: scripts/gpu_check.sh          on the GPU machine, from a checkout with .whl/
-#        scripts/gpu_check.sh --cpu    dry run on the CPU: tiny sizes, float32, dynamo's eager backend, no wheel install
+# Usage: scripts/gpu_check.sh [--parts abcde] [--json-dir DIR]   on the GPU machine, from a checkout with .whl/
+#        scripts/gpu_check.sh --cpu [--parts ...]   dry run on the CPU: tiny sizes, float32, dynamo's eager backend,
+#                                                   no wheel install
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ "${1:-}" = "--cpu" ]; then
-  exec "$PY" scripts/gpu_check.py --cpu
+  exec "$PY" scripts/gpu_check.py "$@"
 fi
 if ! ls .whl/*.whl >/dev/null 2>&1; then
   echo "gpu_check: no wheels in .whl/: run scripts/gpu_wheels.sh on a machine with network and bring .whl/ along." >&2
@@ -48,4 +50,4 @@ rm -rf /tmp/site
 [ -z "$wheels" ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
 # The checkout is the package (pure Python): it leads the path, then the wheels installed above.
 export PYTHONPATH=$(pwd):/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-exec "$PY" scripts/gpu_check.py
+exec "$PY" scripts/gpu_check.py "$@"
