@@ -447,10 +447,11 @@ def main() -> int:
 
     shape = "tiny model" if cpu else "Qwen3-8B sizes"
     model = None
+    if "c" in parts:
+        section(f"(c) one decoding forward of 2W rows vs one AR step, {shape}")
     if parts & {"c", "d"}:
         model = run_part("(c) model", failures, random_model, device, dtype, TINY if cpu else QWEN3_8B)
     if "c" in parts:
-        section(f"(c) one decoding forward of 2W rows vs one AR step, {shape}")
         if model is None:
             print("PART (c) FAILED: no model (see above)")
         elif cpu:
