@@ -93,6 +93,37 @@ def test_gpu_check_cpu_dry_run():
     assert len(re.findall(r"^target: .*: \d+\.\d+x (PASS|FAIL)$", out, re.M)) == 3
 
 
+def test_gpu_check_runs_only_the_parts_asked_for(tmp_path):
+    """--parts e: bench-lossless alone (its dry run: one prompt a family), its JSON kept in --json-dir."""
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--cpu", "--parts", "e", "--json-dir", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert re.findall(r"^== \((\w)\)", out, re.M) == ["e"] and "FAILED" not in out
+    assert "wedlm-hf bench-lossless --device cpu --threads 2 --prompts-per-family 1" in out
+    assert "identical to AR generate on every prompt: prompt lookup, lossless" in out
+    assert out.rstrip().endswith("RESULT: parts e measured (above)")
+    assert (tmp_path / "bench_lossless.json").is_file()
+
+
+def test_gpu_check_refuses_unknown_parts():
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--cpu", "--parts", "ax"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "--parts ax: give letters among a, b, c, d and e" in result.stderr
+
+
 def test_gpu_check_without_wheels_says_what_to_do(tmp_path):
     for name in ("scripts/gpu_check.sh", "scripts/gpu_check.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
