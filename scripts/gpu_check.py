@@ -411,12 +411,7 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="dry run: tiny sizes, CPU, float32")
     parser.add_argument("--parts", default="abcd", help="the parts to run, e.g. abcd or e (default: abcd)")
     parser.add_argument("--json-dir", default=None, help="(e) writes its measurements here as JSON (default: none)")
-    parser.add_argument(
-        "--deadline",
-        type=float,
-        default=None,
-        help="seconds from the start after which (d) starts no new row (default: 390 on the GPU, 300 dry)",
-    )
+    parser.add_argument("--deadline", type=float, help="seconds after which (d) starts no row (default 390, dry 300)")
     args = parser.parse_args()
     cpu, parts = args.cpu, set(args.parts)
     if not parts or not parts <= set("abcde"):

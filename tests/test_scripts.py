@@ -68,15 +68,20 @@ def test_setup_reinstalls_when_its_inputs_change_or_packages_are_gone(repo):
     assert any("torch==2.13.0" in p for p in pips) and "-e .[test]" in pips[-1]
 
 
-def test_gpu_check_cpu_dry_run():
-    result = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--cpu"],
+def dry_run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """gpu_check.sh --cpu with `args`, on this interpreter."""
+    return subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--cpu", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
+
+
+def test_gpu_check_cpu_dry_run():
+    result = dry_run()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = result.stdout
     assert "eager vs sdpa, batch 1: 4/4 prompts give identical tokens" in out
@@ -95,14 +100,7 @@ def test_gpu_check_cpu_dry_run():
 
 def test_gpu_check_runs_only_the_parts_asked_for(tmp_path):
     """--parts e: bench-lossless alone (its dry run: one prompt a family), its JSON kept in --json-dir."""
-    result = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--cpu", "--parts", "e", "--json-dir", str(tmp_path)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = dry_run("--parts", "e", "--json-dir", str(tmp_path))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = result.stdout
     assert re.findall(r"^== \((\w)\)", out, re.M) == ["e"] and "FAILED" not in out
@@ -113,14 +111,7 @@ def test_gpu_check_runs_only_the_parts_asked_for(tmp_path):
 
 
 def test_gpu_check_refuses_unknown_parts():
-    result = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--cpu", "--parts", "ax"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = dry_run("--parts", "ax", timeout=120)
     assert result.returncode == 2 and "--parts ax: give letters among a, b, c, d and e" in result.stderr
 
 
