@@ -32,6 +32,7 @@ import torch
 import wedlm_hf
 from wedlm_hf import WeDLMConfig, WeDLMForCausalLM, default_model_path
 from wedlm_hf.cli import main as wedlm_hf_cli
+from wedlm_hf.evaluation.lossless_benchmark import generate_compile_config
 
 PROMPTS = [
     "count from 100 by 5, 24 numbers:",
@@ -467,8 +468,7 @@ def main() -> int:
             failures.append("(d)")
         else:
             if cpu:  # dynamo only (no inductor): cheap; transformers compiles off CUDA only when told to
-                compile_config = transformers.CompileConfig(backend="eager", mode=None)
-                compile_config._compile_all_devices = True  # the switch transformers' own CPU tests use
+                compile_config = generate_compile_config("eager", device)
                 speed = dict(prompt_len=32, compile_config=compile_config, repeats=1, copy_bytes=64 * 2**20)
                 deadline = began + (300 if args.deadline is None else args.deadline)
             else:  # transformers' default compile of a static cache on CUDA

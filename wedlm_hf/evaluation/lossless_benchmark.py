@@ -106,9 +106,10 @@ def run_lossless_benchmark(
     if compile_in_generate is None:
         compile_in_generate = model.device.type == "cuda"
     compiled_call = compiled_forward(model, compile_backend) if compiled and not compile_in_generate else None
-    compiled_args = dict(disable_compile=True)
     if compile_in_generate:
         compiled_args = dict(compile_config=generate_compile_config(compile_backend, model.device.type))
+    else:
+        compiled_args = dict(disable_compile=True)
 
     def decode(name: str, ids: list[int], checked: bool = True):
         """The generated tokens and WeDLM stats; timed runs (`checked=False`) make the plain call, which returns
