@@ -22,7 +22,7 @@ from .draft_windows import COPY_TOKENS, GROWTH, JOIN_MASKS, ContextWindow, Draft
 from .grammar_commit import allowed_along, allowed_tokens, restrict, valid_prefix
 from .ragged_cache import RaggedCache
 from .slot_cache import SlotCache
-from .window_filling import FillSampler, choose_fills, entropy, suppress_token
+from .window_filling import FillSampler, choose_fills, entropy, greedy, suppress_token
 
 OWN_SOURCES = ("model", "constrained")  # a Fill's sources that are the model's own drafts (grammar-restricted or not)
 
@@ -672,7 +672,7 @@ def _commit_valid(row: DecodingRow, run: int) -> tuple[int, bool]:
             p = sampler.probabilities(scores)
             ar = ArPredictions(sampler, [], p, [sampler.uniform(p.device)])
         else:
-            ar = ArPredictions(sampler, scores.argmax(dim=-1).tolist())
+            ar = ArPredictions(sampler, greedy(scores).tolist())
         replacement = ar.judge(0, row.window[i])
         if replacement is None:
             continue
@@ -863,7 +863,7 @@ def _ar_predictions(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict
             for b, (p, f, u) in zip(members, parts):
                 predictions[b] = ArPredictions(sampler, f, p, u)
         else:  # the argmax of every column at once costs less than gathering the rows first
-            top = logits.argmax(dim=-1).tolist() if top is None else top
+            top = greedy(logits).tolist() if top is None else top
             for b in members:
                 predictions[b] = ArPredictions(sampler, [top[b][c] for c in ar_rows[b]])
     return predictions
@@ -895,7 +895,7 @@ def _sample(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[in
                 if rows[chosen[k][0]].settings.lossless:
                     probabilities[k] = probs[i]
         else:  # as in `_ar_predictions`: every column's argmax, then the chosen ones
-            top = scores.argmax(dim=-1).tolist() if top is None else top
+            top = greedy(scores).tolist() if top is None else top
             drawn = [top[chosen[k][0]][chosen[k][1]] for k in members]
         for i, k in enumerate(members):
             tokens[k] = drawn[i]
