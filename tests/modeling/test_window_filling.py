@@ -1,4 +1,4 @@
-"""`greedy`, the decoder's argmax: the same index as `torch.argmax` (AR generate's), ties and suppressed tokens included."""
+"""`greedy`, the decoder's argmax: the index `torch.argmax` (AR generate's) gives, ties and -inf included."""
 
 import pytest
 import torch
