@@ -226,19 +226,27 @@ def test_while_the_model_drafts_hold_only_a_long_match_is_copied():
     assert tokens(row) == [26]
 
 
-def test_after_a_joining_rows_unchecked_drafts_a_one_token_match_is_not_copied():
-    """One token of agreement (a digit of a number in the prompt) says little; a copy that failed would leave the
-    next forward no drafts, where the model's masks would have drafted on."""
+def test_after_a_joining_rows_unchecked_drafts_only_a_match_through_them_is_copied():
+    """The joining row's drafts must be a copy of the context themselves, with the final token before them: where
+    only their tail matches (the digits of a number in the prompt), the copy would continue text they have already
+    left, and a copy that failed would leave the next forward no drafts, where the model's masks would have
+    drafted on."""
     one = [1, 2, 3, 9, 8, 7]  # the draft 3 occurred before, after 2, not after the final token 4
     row = copying_row(one, [Fill(4, final=True), Fill(3)], held=None)
     row.model_window.size = 2
     row.refill()
     assert tokens(row) == [4, 3] + [None] * GROWTH  # the model's masks instead
-    two = [1, 4, 3, 9, 8, 7]  # "4 3" occurred before: two tokens agree
-    row = copying_row(two, [Fill(4, final=True), Fill(3)], held=None)
+    tail = [1, 3, 9, 8, 7, 2]  # the drafts "3 9" occurred before (two tokens agree), but after 1, not the final 4
+    row = copying_row(tail, [Fill(4, final=True), Fill(3), Fill(9)], held=None)
+    row.model_window.size = 2
+    row.refill()
+    assert tokens(row) == [4, 3, 9] + [None] * 2 * GROWTH
+    whole = [1, 4, 3, 9, 8, 7]  # "4 3 9" occurred before: the final token and both drafts agree
+    row = copying_row(whole, [Fill(4, final=True), Fill(3), Fill(9)], held=None)
     row.model_window.size = 2
     row.refill()
     assert tokens(row) == [4, 3, 9, 8, 7]
+    assert [slot.source for slot in row.window[1:]] == ["model", "model", "context", "context"]
     row = copying_row([2, 4, 9, 8, 7], [Fill(4, final=True)], held=None)  # no unchecked drafts: one token will do
     row.refill()
     assert tokens(row) == [4, 9, 8, 7]

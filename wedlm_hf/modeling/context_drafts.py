@@ -15,7 +15,6 @@ the drafts just placed, which only a periodic text repeats.
 
 MAX_CANDIDATES = 64  # occurrences of the suffix's first token checked per n-gram size
 LONG_MATCH = 6  # tokens of agreement (the suffix and those before it) that make a match long
-FIRST_MATCH = 2  # the least agreement for a copy after a joining row's unverified drafts
 
 
 class ContextIndex:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .context_drafts import FIRST_MATCH, LONG_MATCH, ContextIndex
+from .context_drafts import LONG_MATCH, ContextIndex
 from .draft_verification import ArPredictions
 from .draft_windows import COPY_TOKENS, GROWTH, JOIN_MASKS, ContextWindow, DraftWindow
 from .grammar_commit import allowed_along, allowed_tokens, restrict, valid_prefix
@@ -218,13 +218,17 @@ class DecodingRow:
             return
         if self.settings.lossless and self.settings.context_drafts and self.prefilled:
             # While the model's own last drafts all held (counting, copying), only a long match is copied: a wrong
-            # context draft would displace good model drafts; after a joining row's unchecked drafts, at least a
-            # two-token match (one token, such as a digit, says little). Once they failed (code), a copy continues
-            # the final token in place of their unverified drafts, which would stand before it and could take it
-            # down with them. A step that drafts from the context adds no masks after its drafts: their rows would
-            # cost as much as the drafts, for guesses drawn with unverified drafts in view.
+            # context draft would displace good model drafts. After a joining row's unchecked drafts, only a match
+            # through all of them and the final token (or a long one): the drafts are then a copy of the context
+            # themselves, and the copy goes on with it; where only their tail matches (the digits of a number),
+            # they have already left the text it would copy. Once they failed (code), a copy continues the final
+            # token in place of their unverified drafts, which would stand before it and could take it down with
+            # them. A step that drafts from the context adds no masks after its drafts: their rows would cost as
+            # much as the drafts, for guesses drawn with unverified drafts in view.
             held = self.model_window.held
-            shortest = LONG_MATCH if held else FIRST_MATCH if held is None and self.own_drafts() else 1
+            shortest = LONG_MATCH if held else 1
+            if held is None and self.own_drafts():
+                shortest = min(self.leading_run(), LONG_MATCH)
             if self.draft_from_context(shortest, replace_model_drafts=held is False):
                 size = 0
         room = self.settings.max_new_tokens - len(self.generated) - len(self.window)
