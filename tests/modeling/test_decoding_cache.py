@@ -128,6 +128,18 @@ def test_step_mask_is_the_mask_transformers_builds(model64):
     assert ours.shape == (3, 1, 5, width + 5) and ours.dtype == torch.bool
     assert torch.equal(ours, theirs.expand_as(ours))
     assert not ours[0, 0, 0, width + 1] and ours[0, 0, 1, width + 1]  # a fed token sees the fed ones before it
+    # One fed token a row (an AR step, or a lossless row at rest): it sees every valid column, holes excluded.
+    valid = torch.cat([kv.valid, torch.ones(3, 1, dtype=torch.bool)], dim=1)
+    ours = kv._attention_mask(valid, 1)
+    theirs = create_causal_mask(
+        config=model64.config,
+        inputs_embeds=torch.zeros(3, 1, model64.config.hidden_size, dtype=model64.dtype),
+        attention_mask=valid.long(),
+        **{MASK_CACHE_KWARG: kv.cache},
+        position_ids=torch.full((3, 1), width),
+    )
+    assert ours.shape == (3, 1, 1, width + 1) and ours.dtype == torch.bool
+    assert torch.equal(ours, theirs.expand_as(ours)) and not ours[1, 0, 0, 2]
 
 
 def test_remote_code_models_keep_the_2d_mask():

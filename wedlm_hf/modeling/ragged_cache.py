@@ -156,10 +156,13 @@ class RaggedCache:
     def _attention_mask(self, valid: torch.Tensor, width: int) -> torch.Tensor:
         """The 2D validity mask, or under sdpa on top of a cache the 4D boolean mask transformers would build from
         it (a fed token sees the valid columns up to itself): built here in two ops every step, where transformers'
-        mask functions take many. A forward on an empty cache keeps the 2D mask, which lets a padding-free prefill
-        use sdpa's causal kernel."""
+        mask functions take many, and in none where one token is fed (a view of the validity mask: on a CPU that
+        step is an AR step's cost, which lossless mode's steps at rest must keep). A forward on an empty cache
+        keeps the 2D mask, which lets a padding-free prefill use sdpa's causal kernel."""
         if not self._own_mask or self.length == 0:
             return valid.long()
+        if width == 1:  # the fed token is the last column: it sees every valid one
+            return valid[:, None, None, :]
         causal = torch.ones((width, valid.shape[1]), dtype=torch.bool, device=valid.device).tril_(self.length)
         return causal & valid[:, None, None, :]
 
