@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 MAX_PROBE_WAIT = 64
 GROWTH = 4  # a model window whose drafts all held grows to this many times its size, or the drafts checked (up to W)
-JOIN_MASKS = 5  # masks fed with a joining row's prompt (that forward is wide anyway), before the model window
+# Masks fed with a joining row's prompt (that forward is wide anyway), before the model window: their drafts reach
+# past a short first item (a three-digit number and the space after it), which a first copy must match through.
+JOIN_MASKS = 5
 COPY_TOKENS = 12  # a copy's length at most: its tail seldom commits, and on a CPU every row fed costs
 PATIENCE = 4  # context tries in a row whose first draft failed, before context drafts rest
 PROBE = 2  # context drafts tried after a rest
