@@ -13,6 +13,8 @@ from transformers import (
     TopKLogitsWarper,
 )
 
+from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
+
 
 def wedlm(model, ids, **kwargs):
     kwargs.setdefault("max_new_tokens", 8)
@@ -136,3 +138,53 @@ def test_sliding_window_models_are_refused(ids):
     model = build_model(use_sliding_window=True, sliding_window=8, max_window_layers=0)
     with pytest.raises(ValueError, match="sliding-window.*use_sliding_window=False"):
         wedlm(model, ids)
+
+
+def prefill(model, ids, n):
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :n], **{CACHE_KWARG: cache})
+    return cache
+
+
+# What the prompt cache's model differs in (the device: K/V moved there), and what the error then says.
+CACHE_MISMATCHES = {
+    "kv-heads": ({"num_key_value_heads": 4}, r"4, head_dim 16, torch.float64 on cpu, .* 2, head_dim 16,"),
+    "head-dim": ({"head_dim": 32}, r"2, head_dim 32, torch.float64 on cpu, .* 2, head_dim 16,"),
+    "dtype": ({"dtype": torch.float32}, r"2, head_dim 16, torch.float32 on cpu, .*torch.float64 on cpu"),
+    "device": ({"device": "meta"}, r"2, head_dim 16, torch.float64 on meta, .*torch.float64 on cpu"),
+}
+
+
+@pytest.mark.parametrize("mismatch", list(CACHE_MISMATCHES))
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_prompt_cache_of_another_model(model64, ids, mismatch, static):
+    """A cache prefilled by a model of other sizes, dtype or device would fail inside attention (or, in a lower
+    precision, silently change the output): refused up front with what the cache holds and what the model needs."""
+    overrides, pattern = CACHE_MISMATCHES[mismatch]
+    overrides = dict(overrides)
+    device = overrides.pop("device", None)
+    cache = prefill(build_model(**overrides), ids, 4)
+    if device is not None:
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.to(device), layer.values.to(device)
+    settings = {"cache_implementation": "static"} if static else {}
+    expected = rf"`{CACHE_KWARG}`\) holds K/V of num_key_value_heads {pattern}.*prefill the cache with this model"
+    with pytest.raises(ValueError, match=expected):
+        wedlm(model64, ids, **settings, **{CACHE_KWARG: cache})
+
+
+def test_input_ids_outside_the_vocabulary(model64, ids):
+    cases = [
+        (ids.float(), r"input_ids must be an integer tensor of token ids, got torch.float32: .*\.long\(\)"),
+        (ids.bool(), "input_ids must be an integer tensor of token ids, got torch.bool"),
+        (torch.cat([ids, torch.tensor([[500, 96, 96]])], 1), r"input_ids holds token ids 96, 500 outside 0\.\.95"),
+        (torch.cat([torch.tensor([[-3]]), ids], 1), r"input_ids holds token ids -3 outside 0\.\.95 .*tokenizer"),
+    ]
+    for bad, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            wedlm(model64, bad)
+    # Padding columns are not fed: only the ids under attention_mask are checked.
+    padded, mask = prompts(2)
+    padded[mask == 0] = -1
+    assert wedlm(model64, padded, attention_mask=mask, pad_token_id=94).shape == (2, padded.shape[1] + 8)

@@ -191,6 +191,7 @@ def generate_wedlm(
     else:
         attention_mask = attention_mask.to(device)
         _validate_padding(input_ids, attention_mask)
+    _validate_input_ids(model, input_ids, attention_mask)
     prefixes = _prompt_prefixes(model, past_key_values, input_ids, attention_mask)
     model._prepare_special_tokens(config, True, device=device)
     max_new_tokens = _max_new_tokens(config, input_ids.shape[1])
@@ -483,6 +484,28 @@ def _validate_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
         )
 
 
+def _validate_input_ids(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """Ids the embedding cannot look up would end in torch's IndexError or dtype error, without the argument's name.
+    Only the ids under `attention_mask` are checked (padding is never fed), with one min/max reduction."""
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(
+            f"generate(strategy='wedlm'): input_ids must be an integer tensor of token ids, got {input_ids.dtype}: "
+            "pass the tokenizer's ids (or input_ids.long())."
+        )
+    fed = input_ids[attention_mask.bool()]
+    if fed.numel() == 0:  # an empty prompt: refused later, with its own message
+        return
+    vocab = model.config.get_text_config().vocab_size
+    low, high = torch.aminmax(fed)
+    if low < 0 or high >= vocab:
+        bad = fed[(fed < 0) | (fed >= vocab)].unique()[:5].tolist()
+        raise ValueError(
+            f"generate(strategy='wedlm'): input_ids holds token ids {', '.join(map(str, bad))} outside 0..{vocab - 1} "
+            "(the model's vocabulary): encode the prompt with this model's tokenizer (after adding tokens to it, "
+            "call model.resize_token_embeddings)."
+        )
+
+
 def _max_new_tokens(config, prompt_width: int) -> int:
     for name in ("max_new_tokens", "max_length"):
         value = getattr(config, name)
@@ -540,13 +563,7 @@ def _prompt_prefixes(model, cache, input_ids: torch.Tensor, attention_mask: torc
                 "input_ids, or a cache of this prompt's first tokens."
             )
         )
-    layers = [(layer.keys, layer.values) for layer in cache.layers]
-    text = model.config.get_text_config()
-    if len(layers) != text.num_hidden_layers or any(k is None or k.shape[2] != n for k, _ in layers):
-        raise ValueError(
-            f"generate(strategy='wedlm'): {name} does not hold {n} columns for each of this model's "
-            f"{text.num_hidden_layers} layers: prefill it with this model (model(prefix_ids, {CACHE_KWARG}=cache))."
-        )
+    layers = _prompt_cache_layers(model, cache, n, name)
     rows = layers[0][0].shape[0]
     if rows not in (1, batch):
         raise ValueError(
@@ -569,6 +586,33 @@ def _prompt_prefixes(model, cache, input_ids: torch.Tensor, attention_mask: torc
         end = s + int(computed[-1]) + 1 if len(computed) else s
         prefixes.append([(k[r, :, s:end], v[r, :, s:end]) for k, v in layers] if end > s else None)
     return prefixes
+
+
+def _prompt_cache_layers(model, cache: DynamicCache, n: int, name: str) -> list:
+    """The cache's per-layer (keys, values), refused unless they are what this model computes: a cache made by a model
+    of other sizes, or in another dtype or on another device, would fail inside attention with torch's error (or, in a
+    lower precision, silently change the output)."""
+    layers = [(layer.keys, layer.values) for layer in cache.layers]
+    text = model.config.get_text_config()
+    if len(layers) != text.num_hidden_layers or any(k is None or k.shape[2] != n for k, _ in layers):
+        raise ValueError(
+            f"generate(strategy='wedlm'): {name} does not hold {n} columns for each of this model's "
+            f"{text.num_hidden_layers} layers: prefill it with this model (model(prefix_ids, {CACHE_KWARG}=cache))."
+        )
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads  # as SlotCache sizes its layers
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    devices = {p.device for p in model.parameters()}  # a model spread over devices keeps each layer's K/V on its own
+    needed = (heads, head_dim, model.dtype)
+    tensors = (t for kv in layers for t in kv)
+    tensor = next((t for t in tensors if (t.shape[1], t.shape[3], t.dtype) != needed or t.device not in devices), None)
+    if tensor is not None:
+        raise ValueError(
+            f"generate(strategy='wedlm'): {name} holds K/V of num_key_value_heads {tensor.shape[1]}, head_dim "
+            f"{tensor.shape[3]}, {tensor.dtype} on {tensor.device}, but this model computes num_key_value_heads "
+            f"{heads}, head_dim {head_dim}, {model.dtype} on {model.device}: prefill the cache with this model as "
+            f"loaded (model(prefix_ids, {CACHE_KWARG}=cache))."
+        )
+    return layers
 
 
 def _aligned_cache(rows, attention_mask: torch.Tensor, width: int, cache: DynamicCache | None) -> DynamicCache:
