@@ -5,7 +5,7 @@ import sys
 import pytest
 from conftest import EOS_ID
 
-from wedlm_hf.structured import Grammar, compile_grammar
+from wedlm_hf.structured import Grammar, GrammarError, compile_grammar
 from wedlm_hf.structured.grammars import _ll_tokenizer
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -104,3 +104,37 @@ def test_a_grammar_that_is_complete_without_a_stop_token_ends_the_row(model64, c
             wedlm_lossless=lossless,
         )
         assert char_tokenizer.decode(out[0, 1:].tolist()) in ("abd", "acd")
+
+
+# A property whose schema contains itself: once reached, the grammar forces `{"a": {"a": ...` without end.
+SELF_CONTAINED = {"type": "object", "properties": {"a": {"$ref": "#/$defs/R"}}, "required": ["a"]}
+DEFS = {"$defs": {"R": SELF_CONTAINED}}
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"$ref": "#"}, "admits no text"),
+        ({"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}, "admits no text"),
+        ({**SELF_CONTAINED, **DEFS}, "cannot be decoded: parser error: Too many items"),
+    ],
+    ids=["ref-to-itself", "ref-cycle", "forced-without-end"],
+)
+def test_a_schema_no_text_can_complete_is_refused_before_decoding(model64, char_tokenizer, spec, message):
+    """They compile; a fresh matcher's first advance shows that nothing can complete them. Before, decoding gave an
+    empty text and called it complete. A refusal is one line, and is remembered: a second call says the same."""
+    for _ in range(2):
+        with pytest.raises(ValueError, match=message) as error:
+            wedlm(model64, char_tokenizer, grammar=spec, tokenizer=char_tokenizer)
+        assert "\n" not in str(error.value)
+
+
+def test_a_grammar_that_fails_while_decoding_raises_a_grammar_error(model64, char_tokenizer):
+    """Its start passes the first advance (a free choice of 1 or 2); after the choice, the forced text never ends
+    and llguidance stops at its item limit: a `GrammarError` (a ValueError) with the library's words, one line."""
+    spec = {"type": "object", "properties": {"k": {"enum": [1, 2]}, "a": {"$ref": "#/$defs/R"}}, "required": ["k", "a"]}
+    compile_grammar({**spec, **DEFS}, char_tokenizer)  # no refusal up front
+    for lossless in (False, True):
+        with pytest.raises(GrammarError, match="failed while decoding: parser error: Too many items") as error:
+            wedlm(model64, char_tokenizer, grammar={**spec, **DEFS}, tokenizer=char_tokenizer, wedlm_lossless=lossless)
+        assert "\n" not in str(error.value)

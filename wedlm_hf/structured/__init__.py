@@ -6,6 +6,6 @@ grammar in AR `generate()`, which also takes `grammar=` itself.
 """
 
 from ..modeling.grammar_commit import GrammarLogitsProcessor
-from .grammars import Grammar, GrammarState, compile_grammar
+from .grammars import Grammar, GrammarError, GrammarState, compile_grammar
 
-__all__ = ["Grammar", "GrammarLogitsProcessor", "GrammarState", "compile_grammar"]
+__all__ = ["Grammar", "GrammarError", "GrammarLogitsProcessor", "GrammarState", "compile_grammar"]

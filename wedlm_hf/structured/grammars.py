@@ -20,7 +20,9 @@ KINDS = ("json_schema", "regex", "lark", "ebnf")
 # JSON is written as json.dumps writes it: no free whitespace, so forced separators fill without the model and
 # every value has one spelling. A schema's "x-guidance" entry overrides these (llguidance's JSON options).
 JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-CACHE_SIZE = 256  # compiled grammars kept, by (tokenizer, vocabulary, kind, text)
+CACHE_SIZE = 256  # compiled grammars kept, by (tokenizer, vocabulary, kind, text); specs refused, by the same key
+# Forced tokens consumed by the check a fresh matcher gets at compile time (a JSON value's opening, its first key).
+FIRST_ADVANCE = 256
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 _compiled: OrderedDict = OrderedDict()
 _lock = threading.Lock()  # the server compiles in worker threads
@@ -36,10 +38,26 @@ def _llguidance():
     return llguidance
 
 
+class GrammarError(ValueError):
+    """The grammar failed while decoding: llguidance stopped in an error state (a resource limit, such as a
+    recursive schema whose forced text never ends). `reason`: the library's first line."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def _limits():
+    """The library's default resource limits, with errors on one line (no parser-state dump: it would reach logs
+    and clients)."""
+    return _llguidance().LLParserLimits(verbose_errors=False)
+
+
 class GrammarState:
     """One row's position in its grammar (the decoder's view of an llguidance matcher). Stop tokens are not its
     business: `allowed()` and `forced()` leave out the tokenizer's end-of-text tokens, and the decoder lets a stop
-    token commit only where `accepting()`."""
+    token commit only where `accepting()`. llguidance never raises for a grammar's own failure (a resource limit):
+    its matcher enters an error state, which every method here turns into a `GrammarError`."""
 
     def __init__(self, matcher, vocab_size: int, end_tokens: list[int], tokenizer=None):
         self._matcher = matcher
@@ -47,35 +65,43 @@ class GrammarState:
         self._end = end_tokens
         self._tokenizer = tokenizer  # llguidance's, to spell out forced bytes
 
+    def _checked(self, result):
+        if self._matcher.is_error():
+            reason = _first_line(self._matcher.get_error())
+            raise GrammarError(f"The grammar failed while decoding: {reason}", reason)
+        return result
+
     def accepted(self, tokens: list[int]) -> int:
         end = next((i for i, token in enumerate(tokens) if token in self._end), len(tokens))
-        return self._matcher.validate_tokens(tokens[:end]) if end else 0
+        return self._checked(self._matcher.validate_tokens(tokens[:end]) if end else 0)
 
     def advance(self, tokens: list[int]) -> None:
         if tokens and not self._matcher.consume_tokens(tokens):
-            raise RuntimeError(f"The grammar refused tokens it had accepted: {self._matcher.get_error()}")
+            self._checked(None)
+            raise GrammarError("The grammar refused tokens it had accepted.")
 
     def rollback(self, count: int) -> None:
         if count and not self._matcher.rollback(count):
-            raise RuntimeError(f"The grammar could not roll back {count} tokens: {self._matcher.get_error()}")
+            self._checked(None)
+            raise GrammarError(f"The grammar could not roll back {count} tokens.")
 
     def forced(self) -> list[int]:
         """The grammar's forced string as tokens: llguidance's forced tokens (those no continuation can re-split),
         then the rest of the forced bytes as the tokenizer spells them, as far as the grammar accepts them (a
         fixed string is filled whole, though what follows might have merged with its last token)."""
-        tokens = self._matcher.compute_ff_tokens()
+        tokens = self._checked(self._matcher.compute_ff_tokens())
         end = next((i for i, token in enumerate(tokens) if token in self._end), len(tokens))
         tokens = tokens[:end]
         if self._tokenizer is not None:
-            forced = self._matcher.compute_ff_bytes()
+            forced = self._checked(self._matcher.compute_ff_bytes())
             done = len(self._tokenizer.decode_bytes(tokens))
             if len(forced) > done:
                 tokens = tokens + self._tokenizer.tokenize_bytes(forced[done:])
-                tokens = tokens[: self._matcher.validate_tokens(tokens)]
+                tokens = tokens[: self._checked(self._matcher.validate_tokens(tokens))]
         return tokens
 
     def allowed(self) -> torch.Tensor:
-        words = torch.frombuffer(bytearray(self._matcher.compute_bitmask()), dtype=torch.int32)
+        words = torch.frombuffer(bytearray(self._checked(self._matcher.compute_bitmask())), dtype=torch.int32)
         bits = ((words[:, None] >> _SHIFTS) & 1).flatten().bool()
         allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
         allowed[: min(len(bits), self.vocab_size)] = bits[: self.vocab_size]
@@ -83,7 +109,7 @@ class GrammarState:
         return allowed
 
     def accepting(self) -> bool:
-        return self._matcher.is_accepting()
+        return self._checked(self._matcher.is_accepting())
 
 
 class Grammar:
@@ -151,20 +177,56 @@ def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Gram
         key = (id(ll_tokenizer), vocab_size, kind, text)
         if key in _compiled:
             _compiled.move_to_end(key)
-            return _compiled[key]
-    definition = _definition(llguidance.LLMatcher, kind, text)
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, ll_tokenizer)
-    if failed:
-        raise ValueError(f"grammar= ({kind}) cannot be compiled: {_one_line(messages[0])}")
-    template = llguidance.LLMatcher(ll_tokenizer, definition, log_level=0)
-    if template.is_error():
-        raise ValueError(f"grammar= ({kind}) cannot be compiled: {_one_line(template.get_error())}")
-    grammar = Grammar(template, vocab_size, list(ll_tokenizer.eos_tokens), kind, text, ll_tokenizer)
+            found = _compiled[key]
+            if isinstance(found, ValueError):  # refused before: the same words, without compiling again
+                raise ValueError(str(found))
+            return found
+    try:
+        grammar = _compile(llguidance, ll_tokenizer, vocab_size, kind, text)
+    except ValueError as error:
+        grammar = error
     with _lock:
         _compiled[key] = grammar
         if len(_compiled) > CACHE_SIZE:
             _compiled.popitem(last=False)
+    if isinstance(grammar, ValueError):
+        raise grammar
     return grammar
+
+
+def _compile(llguidance, ll_tokenizer, vocab_size: int, kind: str, text: str) -> Grammar:
+    definition = _definition(llguidance.LLMatcher, kind, text)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, ll_tokenizer)
+    if failed:
+        raise ValueError(f"grammar= ({kind}) cannot be compiled: {_one_line(messages[0])}")
+    template = llguidance.LLMatcher(ll_tokenizer, definition, log_level=0, limits=_limits())
+    if template.is_error():
+        raise ValueError(f"grammar= ({kind}) cannot be compiled: {_one_line(template.get_error())}")
+    grammar = Grammar(template, vocab_size, list(ll_tokenizer.eos_tokens), kind, text, ll_tokenizer)
+    _first_advance(grammar)
+    return grammar
+
+
+def _first_advance(grammar: Grammar) -> None:
+    """Refuses a grammar that no text can complete from its start (a schema that is only a `$ref` cycle: it
+    compiles, then allows nothing), or whose first forced text already breaks the library's limits (a required
+    property that contains its own schema forces `{"a": {"a": ...` without end). What can only fail later, after
+    the model's own choices, fails that row while decoding (`GrammarError`)."""
+    state = grammar.matcher()
+    what = f"grammar= ({grammar.kind})"
+    try:
+        state.advance(state.forced()[:FIRST_ADVANCE])
+    except GrammarError as error:
+        raise ValueError(f"{what} cannot be decoded: {error.reason}") from None
+    try:
+        reason, empty = "", not state.accepting() and not state.allowed().any()
+    except GrammarError as error:  # llguidance's words for "no token can extend this"
+        reason, empty = f" (llguidance: {error.reason})", True
+    if empty:
+        raise ValueError(
+            f"{what} admits no text{reason}: nothing may come first and the empty text is not complete, as for a "
+            "schema that is only a $ref cycle; give a schema that some value matches."
+        )
 
 
 def _definition(matcher_type, kind: str, text: str) -> str:
@@ -180,6 +242,10 @@ def _definition(matcher_type, kind: str, text: str) -> str:
         return grammar_from("ebnf", text)
     except ValueError as error:
         raise ValueError(f"grammar= ({kind}) cannot be compiled: {_one_line(str(error))}") from None
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else "unknown error"
 
 
 def _one_line(message: str) -> str:
