@@ -69,6 +69,13 @@ def non_negative_float(value: str) -> float:
     return number
 
 
+def positive_float(value: str) -> float:
+    number = _number(float, value, "a number")
+    if not 0 < number < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number > 0")
+    return number
+
+
 def threshold(value: str) -> float | None:
     """tau in nats, or 'none' (one token per forward)."""
     if value.strip().lower() == "none":
@@ -427,9 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--api-key",
+        nargs="+",
         default=None,
         metavar="KEY",
-        help="require 'Authorization: Bearer KEY' on /v1 (default: WEDLM_HF_API_KEY if set, else no key)",
+        help="require 'Authorization: Bearer KEY' on /v1, one of these keys (one per tenant; default: "
+        "WEDLM_HF_API_KEY if set, else no key)",
     )
     srv.add_argument(
         "--allowed-hosts",
@@ -443,7 +452,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--max-queue", type=positive_int, default=256, help="rows of all requests waiting to join; beyond: 429"
     )
-    srv.add_argument("--max-request-rows", type=positive_int, default=64, help="rows of one request (prompts x n)")
+    srv.add_argument(
+        "--max-request-rows",
+        type=positive_int,
+        default=None,
+        help="rows of one request (prompts x n; default: 64, or --max-queue when that is lower)",
+    )
     srv.add_argument("--max-window-size", type=positive_int, default=64, help="largest wedlm_window_size accepted")
     srv.add_argument(
         "--max-step-tokens",
@@ -453,6 +467,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--max-request-bytes", type=positive_int, default=1 << 20, help="largest request body; beyond: 413"
+    )
+    srv.add_argument(
+        "--max-logprob-entries",
+        type=positive_int,
+        default=1 << 18,
+        help="log-probability entries one answer may hold: (echoed prompt tokens + max_tokens with logprobs) x "
+        "choices x (1 + top log-probabilities); beyond: 400",
+    )
+    srv.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=None,
+        help="open connections at once, one client address at most three quarters of them; beyond: closed with a "
+        "503 (default: 1024, or half the open-file limit when that is lower)",
+    )
+    srv.add_argument(
+        "--request-read-timeout",
+        type=positive_float,
+        default=15.0,
+        help="seconds a request's headers and body may take to arrive; then 408 and the connection is closed",
     )
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     srv.add_argument(
@@ -467,6 +501,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=16384,
         help="tokens of prompts and answers whose K/V are kept across requests (blocks of 16, least recently used "
         "dropped first); a prompt that starts like an earlier one prefills only the rest; 0: off",
+    )
+    srv.add_argument(
+        "--prefix-cache-per-key",
+        action="store_true",
+        help="keep each --api-key's prefix-cache blocks apart: a tenant never reuses (or learns of) another's "
+        "prompts (default: every request shares blocks unless its cache_salt differs)",
     )
     srv.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     srv.add_argument(

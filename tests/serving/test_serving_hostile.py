@@ -318,6 +318,11 @@ def test_allowed_hosts_can_be_widened():
 def test_the_command_line_defaults_are_the_limits_defaults():
     from wedlm_hf.cli import build_parser
     from wedlm_hf.serving.limits import ServingLimits
+    from wedlm_hf.serving.server import limits_from_args
 
-    args = build_parser().parse_args(["serve"])
-    assert {name: getattr(args, name) for name in ServingLimits().to_dict()} == ServingLimits().to_dict()
+    assert limits_from_args(build_parser().parse_args(["serve"])) == ServingLimits()
+    # a small --max-queue lowers the default --max-request-rows with it, as the Python API does
+    small = limits_from_args(build_parser().parse_args(["serve", "--max-queue", "2"]))
+    assert (small.max_queue, small.max_request_rows) == (2, 2)
+    with pytest.raises(ValueError, match="cannot exceed --max-queue"):
+        limits_from_args(build_parser().parse_args(["serve", "--max-queue", "2", "--max-request-rows", "3"]))

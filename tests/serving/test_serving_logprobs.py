@@ -149,3 +149,60 @@ def test_max_tokens_0_needs_echo(server):
 
     response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=30)
     assert response.status_code == 400 and "0 only with echo" in response.json()["error"]["message"]
+
+
+def long_prompt(tokens: int = 1000) -> list[int]:
+    """`tokens` token ids of ordinary text (a 5 KB request body)."""
+    ids = shipped()[1]("the quick brown fox jumps over the lazy dog, " * 200).input_ids
+    return ids[:tokens]
+
+
+def test_an_answer_over_the_entry_limit_is_refused_up_front(server):
+    """An echo of 1,000 tokens with n=64 and 20 alternatives each would be a 36 MB answer: refused with a 400 that
+    names the limit, before anything is scored or decoded."""
+    import httpx
+
+    body = {"model": MODEL_ID, "prompt": long_prompt(), "echo": True, "n": 64, "logprobs": 20, "max_tokens": 0}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["code"] == "answer_too_large" and error["param"] == "logprobs"
+    assert "--max-logprob-entries" in error["message"] and str(64 * 1000 * 21) in error["message"]
+    assert server.health()["live_rows"] == 0
+
+
+def test_a_heavy_answer_leaves_the_event_loop_free(server):
+    """The largest echo the limit allows (12 choices x 1,000 tokens x 21 entries, several MB of JSON) is scored,
+    rendered and encoded in worker threads: /health keeps answering within 10x its idle latency meanwhile. Before,
+    rendering on the event loop held every client for seconds."""
+    import statistics
+    import threading
+    import time
+
+    import httpx
+
+    body = {"model": MODEL_ID, "prompt": long_prompt(), "echo": True, "n": 12, "logprobs": 20, "max_tokens": 0}
+    with httpx.Client(base_url=server.url, timeout=60) as probe:
+
+        def latency() -> float:
+            started = time.perf_counter()
+            assert probe.get("/health").status_code == 200
+            return time.perf_counter() - started
+
+        idle = statistics.median(latency() for _ in range(30))
+        done, answers = threading.Event(), []
+        heavy = threading.Thread(
+            target=lambda: (
+                answers.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)),
+                done.set(),
+            )
+        )
+        heavy.start()
+        busy = []
+        while not done.is_set():
+            busy.append(latency())
+        heavy.join()
+    answer = answers[0].json()
+    assert answers[0].status_code == 200 and len(answer["choices"]) == 12
+    assert len(answer["choices"][0]["logprobs"]["tokens"]) == 1000
+    print(f"idle {idle * 1000:.2f} ms, under load max {max(busy) * 1000:.2f} ms over {len(busy)} probes")
+    assert max(busy) < 10 * idle + 0.05

@@ -1,6 +1,9 @@
 """`GET /metrics`: Prometheus' text format, read back with prometheus_client's own parser."""
 
+import time
+
 import httpx
+import pytest
 from live_server import MODEL_ID, LiveServer
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -56,3 +59,22 @@ def test_each_response_format_compile_is_timed():
         found = scrape(server)
     assert found["wedlm_grammar_compile_seconds_count", ()] == 3
     assert 0 < found["wedlm_grammar_compile_seconds_sum", ()] < 60
+
+
+def test_requests_whose_client_went_away_are_counted_as_such():
+    """A stream abandoned after its first chunk and a plain request whose client timed out are counted with status
+    499 (nginx's "client closed request"); before, requests that ended this way were missing from the counter."""
+    slow = {"model": MODEL_ID, "prompt": "count to 500:", "max_tokens": 400, "wedlm_entropy_threshold": None}
+    with LiveServer() as server:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json={**slow, "stream": True}, timeout=60) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: {"):
+                    break  # one chunk, then the client goes away
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/completions", json=slow, timeout=httpx.Timeout(60, read=0.3))
+        server.wait_for(lambda health: health["live_rows"] == 0 and health["open_requests"] == 0)
+        gone = (("route", "/v1/completions"), ("status", "499"))
+        deadline = time.monotonic() + 30
+        while scrape(server).get(("wedlm_requests_total", gone)) != 2:  # counted as each handler ends
+            assert time.monotonic() < deadline, scrape(server)
+            time.sleep(0.05)

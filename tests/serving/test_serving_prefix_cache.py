@@ -40,6 +40,25 @@ def test_blocks_lookup_insert_and_eviction():
         PrefixCache(-1)
 
 
+def test_eviction_takes_chains_from_their_tails():
+    """A chain longer than the cache keeps its start; a chain pushed out loses its tail first. Before, eviction took
+    a chain's first blocks and stranded the rest: a repeated 600-token prompt under a 512-token budget found 0."""
+    cache = PrefixCache(max_tokens=512, block=16)
+    prompt = list(range(600))
+    cache.insert(prompt, kv_of(600))
+    assert cache.lookup(prompt)[1] == 512 and cache.tokens == 512
+    cache.insert(list(range(1000, 1100)), kv_of(100))  # 96 tokens more: the first chain's last 6 blocks go
+    assert cache.lookup(prompt)[1] == 512 - 96 and cache.tokens == 512
+
+
+def test_salts_keep_chains_apart():
+    cache = PrefixCache(max_tokens=256, block=16)
+    prompt = list(range(40))
+    cache.insert(prompt, kv_of(40), salt="tenant a")
+    assert cache.lookup(prompt)[1] == 0 and cache.lookup(prompt, salt="tenant b")[1] == 0
+    assert cache.lookup(prompt, salt="tenant a")[1] == 32
+
+
 @pytest.fixture(scope="module")
 def server():
     with LiveServer() as live:
@@ -83,6 +102,55 @@ def test_off_and_bounded():
         for i in range(6):
             complete(small, f"{i} {SYSTEM}")
         assert 0 < small.health()["prefix_cache"]["stored_tokens"] <= 64
+        repeated = LONG + " again:"  # longer than the whole cache: its first 64 tokens stay cached
+        complete(small, repeated)
+        assert complete(small, repeated)["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
+
+
+SECRET = "the vault code of the other tenant is 4 7 1 9 2 8, keep it:"
+
+
+def test_a_different_cache_salt_sees_nothing_another_client_cached(server):
+    """vLLM's `cache_salt`: blocks are shared only between requests with the same salt, so a client guessing
+    another's prompt learns nothing from `cached_tokens` (or its time to first token)."""
+    complete(server, SECRET, cache_salt="alice")
+    assert complete(server, SECRET, cache_salt="mallory")["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert complete(server, SECRET)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # no salt: its own
+    assert complete(server, SECRET, cache_salt="alice")["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    bad = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "cache_salt": ""}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"
+
+
+def test_with_prefix_cache_per_key_tenants_share_nothing():
+    """Without the option, requests under two API keys share blocks (the documented default); with it, a key sees
+    0 cached tokens for a prompt another key sent, and its own repeats still hit."""
+    for per_key, shared in ((False, True), (True, False)):
+        with LiveServer(api_key=["key-a", "key-b"], prefix_cache_per_key=per_key) as live:
+
+            def ask(key: str, live=live) -> int:
+                body = {"model": MODEL_ID, "prompt": SECRET, "max_tokens": 4}
+                headers = {"Authorization": f"Bearer {key}"}
+                answer = httpx.post(f"{live.url}/v1/completions", json=body, headers=headers, timeout=60).json()
+                return answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+            assert ask("key-a") == 0
+            assert (ask("key-b") > 0) is shared
+            assert ask("key-a") > 0
+            assert live.health()["prefix_cache_per_key"] is per_key
+
+
+def test_cached_tokens_never_exceed_the_prompt(server):
+    """With n choices, a prompt's cached tokens are those every choice found cached, counted once: before, n=16
+    reported 16 times the cached prefix, more than `prompt_tokens`."""
+    prompt = "sixteen choices: " + SYSTEM
+    complete(server, prompt)
+    answer = complete(server, prompt, n=16, max_tokens=4)
+    usage = answer["usage"]
+    assert 0 < usage["prompt_tokens_details"]["cached_tokens"] <= usage["prompt_tokens"]
+    assert (
+        usage["prompt_tokens_details"]["cached_tokens"]
+        == complete(server, prompt)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
 
 
 LONG = "copy: " + " ".join(f"w{i % 37} apple{i % 11}" for i in range(60)) + " =>"

@@ -4,7 +4,9 @@ A web page the user visits can make the browser send requests to 127.0.0.1. Two 
 say `Content-Type: application/json`, which a page cannot send to another origin without a CORS preflight (that
 this server never answers), and the `Host` header must name this server (by default the loopback names when
 bound to a loopback address, the address itself when bound to another one), which a DNS-rebinding page cannot
-fake. `--api-key` additionally requires `Authorization: Bearer KEY` on the API routes, as OpenAI clients send it.
+fake. `--api-key` additionally requires `Authorization: Bearer KEY` on the API routes, as OpenAI clients send it;
+with several keys (one per tenant), the request's scope records which one it carried (`scope["state"]["api_key"]`,
+its index), so the prefix cache can keep tenants apart.
 """
 
 import hmac
@@ -41,11 +43,12 @@ class AccessGuard:
     """ASGI middleware: refuses a request whose Host is not allowed (400), that lacks the API key (401), or whose
     POST body is not declared as JSON (415), before the app sees it."""
 
-    def __init__(self, app, allowed_hosts: list[str], api_key: str | None = None):
+    def __init__(self, app, allowed_hosts: list[str], api_key: str | list[str] | None = None):
         self.app = app
         self.any_host = "*" in allowed_hosts
         self.allowed = {name.lower().strip("[]") for name in allowed_hosts}
-        self.api_key = api_key
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+        self.api_keys = [key.encode() for key in keys]
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -75,10 +78,14 @@ class AccessGuard:
                 "invalid_host",
                 [],
             )
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+        if self.api_keys and scope["path"] not in OPEN_PATHS:
             given = headers.get("authorization", "")
             scheme, _, key = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
+            # every key compared, in constant time each, so the time taken does not tell which one was close
+            matches = [hmac.compare_digest(key.strip().encode(), known) for known in self.api_keys]
+            if scheme.lower() == "bearer" and any(matches):
+                scope.setdefault("state", {})["api_key"] = matches.index(True)
+            else:
                 return (
                     401,
                     "Missing or wrong API key: send the header 'Authorization: Bearer <key>' with the key the "

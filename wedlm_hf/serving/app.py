@@ -6,11 +6,17 @@ choices to the scheduler's loop thread as a `Job`, and read the job's events fro
 thread feeds. A streamed response sends one chunk per commit and ends with `data: [DONE]`; when its client goes
 away Starlette cancels the generator and the `finally` cancels the job, whose rows the loop drops before its next
 step. A non-streamed request watches for the disconnect itself.
+
+Answers are rendered off the event loop: log-probabilities (each choice's, and an echoed prompt's for every choice)
+and the JSON of a whole body are built in a worker thread, each choice encoded apart, so a large answer never holds
+the loop (and `/health`, and every other stream) for long. A client that goes away while sending its request is
+one log line. Every request is counted in `/metrics` when it ends, with its outcome (499: the client went away).
 """
 
 import asyncio
 import functools
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,22 +24,33 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .access import LOOPBACK_NAMES, AccessGuard
 from .engine import ServingEngine
 from .metrics import ServerMetrics
 from .openai_schema import APIError, error_body, invalid, parse_chat, parse_completion
-from .responses import ResponseIds, chunk, full_body, sse, token_logprobs, usage, usage_chunk
+from .responses import ResponseIds, chunk, full_body_json, sse, token_logprobs, usage, usage_chunk
 from .scheduler import Delta, Failure, Finish, Job, QueueFull, ShuttingDown
 
 HERE = Path(__file__).resolve().parent
 RETRY_AFTER_SECONDS = 1
+CLIENT_GONE = 499  # nginx's status for a client that closed the connection before the answer: logged, never sent
+LOGGER = logging.getLogger("uvicorn.error")
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def create_app(engine: ServingEngine, allowed_hosts: list[str] | None = None, api_key: str | None = None) -> FastAPI:
+def create_app(
+    engine: ServingEngine,
+    allowed_hosts: list[str] | None = None,
+    api_key: str | list[str] | None = None,
+    connections=None,
+    prefix_cache_per_key: bool = False,
+) -> FastAPI:
     """The app serving `engine`; its lifespan starts the decoding loop and stops it after the last response.
-    Requests must name an allowed host (by default the loopback names) and, with `api_key`, carry the key."""
+    Requests must name an allowed host (by default the loopback names) and, with `api_key` (one key or several),
+    carry a key; with `prefix_cache_per_key`, requests under different keys share no prefix-cache blocks.
+    `connections` (a `ConnectionGuard`) adds its counters to `/health`."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -44,6 +61,7 @@ def create_app(engine: ServingEngine, allowed_hosts: list[str] | None = None, ap
     # No /docs: FastAPI's docs page loads its scripts from a CDN, and the server promises to need none.
     app = FastAPI(title="wedlm-hf serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
+    app.state.prefix_cache_per_key = prefix_cache_per_key
     app.state.scoring = asyncio.Semaphore(1)  # echo: one prompt-scoring forward at a time, beside the decoding loop
     app.state.metrics = metrics = ServerMetrics(engine.scheduler)
     engine.grammar_observers.append(metrics.grammar_compile.observe)
@@ -80,6 +98,8 @@ def create_app(engine: ServingEngine, allowed_hosts: list[str] | None = None, ap
             "model": engine.model_id,
             "compiled": scheduler.compiled is not None,  # `--compile`: decoding steps run compiled on fixed slots
             **engine.limits.to_dict(),
+            **(connections.snapshot() if connections is not None else {}),
+            "prefix_cache_per_key": prefix_cache_per_key,
             **scheduler.snapshot(),
         }
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
@@ -124,15 +144,17 @@ async def _respond(engine: ServingEngine, request: Request, parse):
 
 
 async def _answer(engine: ServingEngine, request: Request, parse, arrived: float):
-    done = functools.partial(request.app.state.metrics.finished, request.url.path, 200, arrived)
+    record = functools.partial(request.app.state.metrics.finished, request.url.path)
+    done = functools.partial(record, 200, arrived)
     raw = await _read_body(request, engine.limits.max_request_bytes)
-    parsed, prompts, choices = await asyncio.to_thread(_prepare, engine, parse, raw)
+    tenant = request.scope.get("state", {}).get("api_key") if request.app.state.prefix_cache_per_key else None
+    parsed, prompts, choices = await asyncio.to_thread(_prepare, engine, parse, raw, tenant)
     echoes = None
     if parsed.echo:
         async with request.app.state.scoring:
             echoes = await asyncio.to_thread(_echoes, engine, parsed, prompts)
     ids = ResponseIds(parsed.kind, engine.model_id)
-    tally = _Tally(prompts, parsed.n, engine.tokenizer, parsed.kind, parsed.logprobs is not None, echoes)
+    tally = _Tally(prompts, parsed.n, engine.token_texts, parsed.kind, parsed.logprobs is not None, echoes)
     if not choices:  # echo with max_tokens 0: the scored prompts are the whole answer
         tally.finish = dict.fromkeys(range(tally.count), "length")
         done(None, time.monotonic(), tally)
@@ -142,7 +164,7 @@ async def _answer(engine: ServingEngine, request: Request, parse, arrived: float
                 media_type="text/event-stream",
                 headers=_STREAM_HEADERS,
             )
-        return JSONResponse(full_body(ids, tally.choices(), tally.usage()))
+        return await _json_response(ids, tally)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     job = Job(choices, emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
@@ -159,11 +181,13 @@ async def _answer(engine: ServingEngine, request: Request, parse, arrived: float
     except ShuttingDown:
         raise APIError(503, "The server is shutting down.", code="shutting_down") from None
     if parsed.stream:
-        stream = _stream(engine, job, events, ids, tally, parsed.include_usage, done)
+        stream = _stream(engine, job, events, ids, tally, parsed.include_usage, done, record, arrived)
         return StreamingResponse(stream, media_type="text/event-stream", headers=_STREAM_HEADERS)
     response = await _collect(engine, request, job, events, ids, tally)
     if response.status_code == 200:
         done(tally.first_token, time.monotonic(), tally)
+    else:
+        record(response.status_code, arrived, None, time.monotonic())
     return response
 
 
@@ -178,19 +202,30 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks, size = [], 0
-    async for piece in request.stream():
-        size += len(piece)
-        if size > limit:
-            raise too_large
-        chunks.append(piece)
+    try:
+        async for piece in request.stream():
+            size += len(piece)
+            if size > limit:
+                raise too_large
+            chunks.append(piece)
+    except ClientDisconnect:
+        client = request.client.host if request.client else "unknown"
+        LOGGER.info("A client from %s went away before its request arrived whole.", client)
+        raise APIError(CLIENT_GONE, "The client went away before its request arrived whole.") from None
     return b"".join(chunks)
 
 
-def _prepare(engine: ServingEngine, parse, raw: bytes):
+def _prepare(engine: ServingEngine, parse, raw: bytes, tenant=None):
     """Body bytes to (request, token ids, choices): the slow part of a request, run in a worker thread."""
     parsed = parse(_json_body(raw), engine.model_id, engine.defaults, engine.limits.max_window_size)
     prompts = engine.encode(parsed)
-    return parsed, prompts, engine.choices(parsed, prompts)
+    return parsed, prompts, engine.choices(parsed, prompts, tenant)
+
+
+async def _json_response(ids: ResponseIds, tally) -> Response:
+    """The whole body, its choices' log-probabilities and JSON made in a worker thread."""
+    body = await asyncio.to_thread(lambda: full_body_json(ids, tally.choices(), tally.usage()))
+    return Response(body, media_type="application/json")
 
 
 def _echoes(engine: ServingEngine, parsed, prompts: list[list[int]]) -> list[tuple[str, list]]:
@@ -220,9 +255,9 @@ def _no_constant(name: str):
 class _Tally:
     """Per-choice text and finish reasons, and the request's usage."""
 
-    def __init__(self, prompts, n: int, tokenizer=None, kind: str = "completion", logprobs=False, echoes=None):
+    def __init__(self, prompts, n: int, texts=None, kind: str = "completion", logprobs=False, echoes=None):
         self.count = len(prompts) * n
-        self.tokenizer, self.kind, self.logprobs = tokenizer, kind, logprobs
+        self.texts_of, self.kind, self.logprobs = texts, kind, logprobs  # texts_of(id): a token's text
         # echo: each choice starts with its prompt's text and scored tokens (`echo_chunk` streams them)
         self.echoes = [echoes[i // n] for i in range(self.count)] if echoes else None
         starts = self.echoes or [("", [])] * self.count
@@ -234,7 +269,8 @@ class _Tally:
         self.completion_tokens = 0
         self.forwards = 0
         self.accepted_drafts: dict | None = None  # {"model", "context"} once a lossless row finished
-        self.cached_tokens = 0
+        self.n = n
+        self.cached: dict[int, int] = {}  # per prompt: the prompt tokens every one of its choices found cached
         self.first_token: float | None = None  # when the first completion token arrived (time.monotonic)
 
     @property
@@ -252,7 +288,8 @@ class _Tally:
             self.finish[event.choice] = event.reason
             self.completion_tokens += event.completion_tokens
             self.forwards += event.forwards
-            self.cached_tokens += event.cached_tokens
+            prompt = event.choice // self.n
+            self.cached[prompt] = min(self.cached.get(prompt, event.cached_tokens), event.cached_tokens)
             if event.accepted_drafts is not None:
                 split = self.accepted_drafts or {"model": 0, "context": 0}
                 split["model"] += event.accepted_drafts - event.accepted_context_drafts
@@ -261,13 +298,13 @@ class _Tally:
 
     def usage(self) -> dict:
         return usage(
-            self.prompt_tokens, self.completion_tokens, self.forwards, self.accepted_drafts, self.cached_tokens
+            self.prompt_tokens, self.completion_tokens, self.forwards, self.accepted_drafts, sum(self.cached.values())
         )
 
     def echo_chunk(self, ids: ResponseIds, index: int) -> dict:
         """A stream's first chunk of an echoed choice: the prompt's text and, when asked, its tokens' logprobs."""
         text, entries = self.echoes[index]
-        body = token_logprobs(self.kind, entries, self.tokenizer) if self.logprobs else None
+        body = token_logprobs(self.kind, entries, self.texts_of) if self.logprobs else None
         if body is not None:
             self.offsets[index] = sum(len(piece) for piece in body["tokens"])
         return chunk(ids, index, text, logprobs=body)
@@ -276,7 +313,7 @@ class _Tally:
         """The `logprobs` of one stream chunk: its tokens', text offsets counted from the choice's earlier tokens."""
         if not self.logprobs:
             return None
-        body = token_logprobs(self.kind, event.logprobs or [], self.tokenizer, self.offsets[event.choice])
+        body = token_logprobs(self.kind, event.logprobs or [], self.texts_of, self.offsets[event.choice])
         if self.kind != "chat":
             self.offsets[event.choice] += sum(len(piece) for piece in body["tokens"])
         return body
@@ -287,46 +324,78 @@ class _Tally:
                 "index": i,
                 "text": "".join(self.texts[i]),
                 "finish_reason": self.finish[i],
-                "logprobs": token_logprobs(self.kind, self.entries[i], self.tokenizer) if self.logprobs else None,
+                "logprobs": token_logprobs(self.kind, self.entries[i], self.texts_of) if self.logprobs else None,
             }
             for i in range(self.count)
         ]
 
 
 async def _stream(
-    engine: ServingEngine, job: Job, events: asyncio.Queue, ids: ResponseIds, tally: _Tally, usage_: bool, done
+    engine: ServingEngine,
+    job: Job,
+    events: asyncio.Queue,
+    ids: ResponseIds,
+    tally: _Tally,
+    usage_: bool,
+    done,
+    record,
+    arrived: float,
 ):
-    """The stream's events; `done(first, ended, tally)` records a stream that ran to its end."""
+    """The stream's events; `done(first, ended, tally)` records a stream that ran to its end, `record(status, ...)`
+    one that failed or whose client went away. Chunks with log-probabilities are rendered in a worker thread."""
+    status = CLIENT_GONE  # unless it ends otherwise
+    render = _off_loop if tally.logprobs else _on_loop
     try:
         if ids.kind == "chat":
             for index in range(tally.count):
                 yield sse(chunk(ids, index, role=True))
         for index in range(tally.count if tally.echoes else 0):
-            yield sse(tally.echo_chunk(ids, index))
+            yield await render(functools.partial(_echo_event, ids, tally, index))
         while not tally.done:
             event = await events.get()
             if isinstance(event, Failure):
-                yield sse(error_body(event.message, "server_error" if event.status >= 500 else "invalid_request_error"))
+                status = event.status
+                kind = "server_error" if event.status >= 500 else "invalid_request_error"
+                yield sse(error_body(event.message, kind, event.param, event.code))
                 yield sse("[DONE]")
                 return
             tally.add(event)
             if isinstance(event, Delta):
-                forward = {"forward": event.forward, "tokens": event.tokens}
-                yield sse(chunk(ids, event.choice, event.text, wedlm=forward, logprobs=tally.delta_logprobs(event)))
+                yield await render(functools.partial(_delta_event, ids, tally, event))
             elif isinstance(event, Finish):
                 yield sse(chunk(ids, event.choice, finish_reason=event.reason))
         if usage_:
             yield sse(usage_chunk(ids, tally.usage()))
         yield sse("[DONE]")
+        status = 200
         done(tally.first_token, time.monotonic(), tally)
     finally:  # also when the client went away (Starlette cancels this generator)
         engine.scheduler.cancel(job)
+        if status != 200:
+            record(status, arrived, None, time.monotonic())
+
+
+def _delta_event(ids: ResponseIds, tally: _Tally, event: Delta) -> str:
+    forward = {"forward": event.forward, "tokens": event.tokens}
+    return sse(chunk(ids, event.choice, event.text, wedlm=forward, logprobs=tally.delta_logprobs(event)))
+
+
+def _echo_event(ids: ResponseIds, tally: _Tally, index: int) -> str:
+    return sse(tally.echo_chunk(ids, index))
+
+
+async def _off_loop(make):
+    return await asyncio.to_thread(make)
+
+
+async def _on_loop(make):
+    return make()
 
 
 async def _stream_scored(ids: ResponseIds, tally: _Tally, usage_: bool):
     """The stream of an echo request with max_tokens 0: each choice's prompt, then its end."""
     for index in range(tally.count):
-        yield sse(tally.echo_chunk(ids, index))
+        yield await _off_loop(functools.partial(_echo_event, ids, tally, index))
         yield sse(chunk(ids, index, finish_reason="length"))
     if usage_:
         yield sse(usage_chunk(ids, tally.usage()))
@@ -344,12 +413,12 @@ async def _collect(engine: ServingEngine, request: Request, job: Job, events: as
                 return Response(status_code=499)  # nobody is listening; the job is cancelled below
             event = get.result()
             if isinstance(event, Failure):
-                raise APIError(event.status, event.message)
+                raise APIError(event.status, event.message, param=event.param, code=event.code)
             tally.add(event)
     finally:
         gone.cancel()
         engine.scheduler.cancel(job)
-    return JSONResponse(full_body(ids, tally.choices(), tally.usage()))
+    return await _json_response(ids, tally)
 
 
 async def _disconnected(request: Request) -> None:

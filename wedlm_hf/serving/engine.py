@@ -33,7 +33,7 @@ from ..modeling.window_filling import FillSampler
 from ..structured import compile_grammar
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
-from .log_probabilities import token_log_probabilities
+from .log_probabilities import TokenTexts, token_log_probabilities
 from .openai_schema import WEDLM_FIELDS, APIError, ParsedRequest, WeDLMOptions, invalid, wedlm_options
 from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, Choice, Scheduler, serving_limits
 
@@ -65,6 +65,7 @@ class ServingEngine:
             )
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.token_texts = TokenTexts(tokenizer)  # a token's text in log-probabilities, decoded once per id
         self.model_id = model_id
         self.context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self.vocab_size = model.config.get_text_config().vocab_size
@@ -227,12 +228,15 @@ class ServingEngine:
 
     # ---- settings ------------------------------------------------------------------------------------------
 
-    def choices(self, request: ParsedRequest, prompts: list[list[int]]) -> list[Choice]:
-        """One choice per (prompt, n) in OpenAI's order: index = prompt_index * n + j."""
+    def choices(self, request: ParsedRequest, prompts: list[list[int]], tenant=None) -> list[Choice]:
+        """One choice per (prompt, n) in OpenAI's order: index = prompt_index * n + j. `tenant` (with
+        --prefix-cache-per-key, which API key sent it) and the request's `cache_salt` salt its prefix-cache blocks."""
         max_tokens = self.max_tokens(request, prompts)
+        self._check_answer_size(request, prompts, max_tokens)
+        grammar = self.grammar(request)  # checked even where nothing decodes (echo with max_tokens 0)
         if max_tokens == 0:
             return []  # nothing to decode: the response is the scored prompt
-        grammar = self.grammar(request)
+        salt = None if tenant is None and request.cache_salt is None else (tenant, request.cache_salt)
         choices = []
         for p, prompt in enumerate(prompts):
             for j in range(request.n):
@@ -250,8 +254,29 @@ class ServingEngine:
                     keep_logits=request.logprobs is not None,
                 )
                 text = IncrementalText(self.tokenizer, request.stop)
-                choices.append(Choice(index, prompt, settings, text, logprobs=request.logprobs, grammar=grammar))
+                choices.append(
+                    Choice(index, prompt, settings, text, logprobs=request.logprobs, grammar=grammar, cache_salt=salt)
+                )
         return choices
+
+    def _check_answer_size(self, request: ParsedRequest, prompts: list[list[int]], max_tokens: int) -> None:
+        """Refuses a request whose answer would hold more log-probability entries than --max-logprob-entries: per
+        choice, each echoed prompt token and (with logprobs) each completion token, times 1 + top alternatives."""
+        top = request.logprobs
+        per_token = 1 if top is None else 1 + top
+        completion = 0 if top is None else max_tokens
+        echoed = sum(len(p) for p in prompts) if request.echo else 0
+        entries = request.n * (echoed + completion * len(prompts)) * per_token
+        limit = self.limits.max_logprob_entries
+        if entries > limit:
+            param = "logprobs" if top is not None else "echo"
+            raise invalid(
+                param,
+                f"This request's answer would hold {entries} entries ((echoed prompt tokens + max_tokens with "
+                f"logprobs) x choices x (1 + top log-probabilities)); this server returns at most {limit} per request "
+                "(--max-logprob-entries): ask for fewer top log-probabilities, fewer choices or fewer tokens.",
+                code="answer_too_large",
+            )
 
     def grammar(self, request: ParsedRequest):
         """The request's response_format compiled (once per schema: the compiler caches it), or None."""

@@ -1,10 +1,12 @@
 """The bounds that keep one request from costing the others more than a bounded share of the server.
 
 Every size a client controls is bounded here or by the context length: the body's bytes, rows per request
-(prompts x n), the window W a row feeds each step, the rows waiting to join, and the token rows one forward feeds
-(a long prompt is prefilled over several steps instead of widening everyone's forward). A request also never
-holds more than `request_share` of the batch slots, so a small request that arrives while a large one runs is
-admitted within a step or two; waiting rows are admitted request by request, fewest live rows first.
+(prompts x n), the window W a row feeds each step, the rows waiting to join, the token rows one forward feeds
+(a long prompt is prefilled over several steps instead of widening everyone's forward), and the log-probability
+entries of one answer (an echo of a long prompt with `n` and `logprobs` would otherwise be tens of megabytes). A
+request also never holds more than `request_share` of the batch slots, so a small request that arrives while a
+large one runs is admitted within a step or two; waiting rows are admitted request by request, fewest live rows
+first.
 """
 
 from dataclasses import dataclass, fields
@@ -18,6 +20,8 @@ class ServingLimits:
     max_window_size: int = 64  # largest wedlm_window_size a request may ask for
     max_step_tokens: int = 2048  # token rows one forward feeds (batch x width); prompts beyond are chunked
     max_request_bytes: int = 1 << 20  # request body; beyond: 413
+    # log-probability entries in one answer: (echoed prompt tokens + max_tokens with logprobs) x choices x (1 + top)
+    max_logprob_entries: int = 1 << 18
 
     def __post_init__(self):
         for f in fields(self):

@@ -1,7 +1,9 @@
 """Log-probabilities as the server reports them: the model's raw AR log-softmax, without the mask token.
 
 The mask token is WeDLM's placeholder for a slot still to be filled, never text, so it is excluded from the
-distribution (as vLLM reports raw log-probabilities by default: before temperature, top-k or top-p).
+distribution (as vLLM reports raw log-probabilities by default: before temperature, top-k or top-p). A token's text
+in them is that token decoded alone, decoded once per vocabulary id (`TokenTexts`): an echoed prompt with top
+alternatives names the same few thousand ids hundreds of thousands of times.
 """
 
 import torch
@@ -20,3 +22,19 @@ def token_log_probabilities(logits: torch.Tensor, tokens: list[int], mask_token_
     else:
         alternatives = [[] for _ in tokens]
     return list(zip(tokens, chosen, alternatives))
+
+
+class TokenTexts:
+    """Each vocabulary id's text decoded alone, special tokens kept, decoded on first use and remembered (at most
+    the vocabulary: a bounded dict). Safe to share between threads: a race decodes an id twice, to the same text."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            text = self._tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            self._texts[token] = text
+        return text

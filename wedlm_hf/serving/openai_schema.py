@@ -82,6 +82,7 @@ class ParsedRequest:
     logprobs: int | None = None  # None: none asked for; k: each token's log-probability and the k most likely
     echo: bool = False  # completions: the prompt (and its tokens' log-probabilities) before the completion
     json_schema: dict | None = None  # response_format: the JSON schema every choice's text follows (None: free text)
+    cache_salt: str | None = None  # prefix-cache blocks are shared only with requests of the same salt
     wedlm: WeDLMOptions | None = None
 
 
@@ -100,6 +101,7 @@ MAX_N = 128  # OpenAI's bound; the server's --max-request-rows bounds prompts x 
 MAX_LOGPROBS = 20  # top log-probabilities per token, as vLLM and OpenAI's chat route allow
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
+MAX_SALT_CHARS = 256
 MAX_SCHEMA_CHARS = 32_768  # a response_format schema, as JSON text: compiled per request (cached by text)
 
 # Fields accepted only with the value that means "off"; anything else is refused as unsupported.
@@ -120,6 +122,7 @@ _OFF_VALUES = {
     "reasoning_effort": (None,),
 }
 _COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user"}
+_COMMON |= {"cache_salt"}
 _COMPLETION_FIELDS = (
     _COMMON
     | {"prompt", "presence_penalty", "frequency_penalty", "logit_bias", "echo", "suffix", "response_format"}
@@ -249,6 +252,10 @@ def _common(body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMOp
             raise invalid("stream_options", "stream_options.include_usage must be true or false.")
         request.include_usage = include
     request.json_schema = _response_format(body.get("response_format"))
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_SALT_CHARS):
+        raise invalid("cache_salt", f"cache_salt must be a non-empty string of at most {MAX_SALT_CHARS} characters.")
+    request.cache_salt = salt
     request.wedlm = wedlm_options(body, defaults, max_window)
 
 

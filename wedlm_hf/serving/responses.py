@@ -47,15 +47,11 @@ def usage(
     return body
 
 
-def token_logprobs(kind: str, entries: list, tokenizer, offset: int = 0) -> dict:
-    """A choice's `logprobs` object for (token, log-probability, alternatives) entries (see the module docstring).
-    Completions: OpenAI's `tokens`, `token_logprobs`, `top_logprobs` (the alternatives plus the chosen token) and
-    `text_offset` (from `offset`, each token's text counted as it decodes alone); chat: `content` entries with
-    `bytes` and exactly the k alternatives."""
-
-    def text(token: int) -> str:
-        return tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
+def token_logprobs(kind: str, entries: list, text, offset: int = 0) -> dict:
+    """A choice's `logprobs` object for (token, log-probability, alternatives) entries (see the module docstring);
+    `text(id)`: a token's text decoded alone (`log_probabilities.TokenTexts`). Completions: OpenAI's `tokens`,
+    `token_logprobs`, `top_logprobs` (the alternatives plus the chosen token) and `text_offset` (from `offset`, each
+    token's text counted as it decodes alone); chat: `content` entries with `bytes` and exactly the k alternatives."""
     if kind == "chat":  # (echo, whose first token has no log-probability, is completions-only)
 
         def entry(token, logprob):
@@ -97,6 +93,15 @@ def full_body(ids: ResponseIds, choices: list[dict], usage_: dict) -> dict:
         for c in choices
     ]
     return {**ids.head("text_completion"), "choices": out, "usage": usage_}
+
+
+def full_body_json(ids: ResponseIds, choices: list[dict], usage_: dict) -> bytes:
+    """`full_body` as UTF-8 JSON, each choice encoded by its own call: the C encoder holds the GIL for a whole call,
+    so a large answer encoded at once would stall every other thread (the event loop's included) until it ends."""
+    body = full_body(ids, choices, usage_)
+    encoded = [json.dumps(choice, ensure_ascii=False) for choice in body.pop("choices")]
+    head = json.dumps(body, ensure_ascii=False)
+    return (f'{head[:-1]}, "choices": [{", ".join(encoded)}]}}').encode()
 
 
 def chunk(

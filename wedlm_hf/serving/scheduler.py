@@ -27,6 +27,7 @@ import torch
 
 from ..modeling.slot_cache import SlotCache
 from ..modeling.streaming_decoder import DecodingRow, DecodingSettings, StreamingDecoder
+from .contained_grammar import ContainedGrammar
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
 from .log_probabilities import token_log_probabilities
@@ -65,10 +66,12 @@ class Finish:
 
 @dataclass
 class Failure:
-    """The whole job failed; no more events follow."""
+    """The whole job failed; no more events follow. `param` / `code`: what the error body names, if anything."""
 
     status: int
     message: str
+    param: str | None = None
+    code: str | None = None
 
 
 @dataclass(eq=False)
@@ -86,6 +89,7 @@ class Choice:
     cached_tokens: int = 0  # prompt tokens found in the prefix cache when the row joined
     prompt_stored: bool = False  # its prompt's K/V went into the prefix cache
     grammar: object | None = None  # the compiled response_format its text follows; each row gets its own state
+    cache_salt: object = None  # prefix-cache blocks are shared only between choices with equal salts
 
 
 @dataclass(eq=False)
@@ -165,6 +169,7 @@ class Scheduler:
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.model = model
         self.mask_token_id = mask_token_id
+        self.vocab_size = model.config.get_text_config().vocab_size
         self.max_batch_size = self.limits.max_batch_size
         self.max_queue = self.limits.max_queue  # rows, of all requests together
         self.compiled = None  # the compiled model call of decoding steps, None when decoding is eager
@@ -289,8 +294,8 @@ class Scheduler:
             if self._live and self.limits.step_cost(len(self._live) + 1, window) > self.limits.max_step_tokens:
                 return
             widest = window
-            prefix, choice.cached_tokens = self.prefix_cache.lookup(choice.prompt)
-            state = None if choice.grammar is None else choice.grammar.matcher()
+            prefix, choice.cached_tokens = self.prefix_cache.lookup(choice.prompt, choice.cache_salt)
+            state = None if choice.grammar is None else ContainedGrammar(choice.grammar.matcher(), self.vocab_size)
             choice.row = self.decoder.add(choice.prompt, choice.settings, prefix=prefix, grammar=state)
             self._live[choice.row] = (job, choice)
             job.live += 1
@@ -336,6 +341,7 @@ class Scheduler:
                 self._fail(job, 500, failure)
             return
         self.counters["steps"] += 1
+        self._fail_broken_grammars()
         self._store_prompts()
         changed = set(changed)
         for row, (job, choice) in list(self._live.items()):
@@ -346,6 +352,21 @@ class Scheduler:
                     self._fail(
                         job, 500, f"The request failed while its tokens were delivered ({type(exc).__name__}: {exc})."
                     )
+
+    def _fail_broken_grammars(self) -> None:
+        """Ends the requests whose grammar failed in this step (`ContainedGrammar`): theirs alone, with a 400."""
+        for row, (job, _) in list(self._live.items()):
+            error = getattr(row.grammar, "error", None)
+            if error is not None and not job.ended:
+                self._fail(
+                    job,
+                    400,
+                    f"response_format's grammar failed while decoding this request ({error}); simplify the schema "
+                    "(a property whose schema contains itself, or very long forced text, exhausts the grammar "
+                    "library's limits).",
+                    param="response_format",
+                    code="grammar_failed",
+                )
 
     def _store_prompts(self) -> None:
         """Puts the K/V of prompts prefilled by this step into the prefix cache, so that requests arriving while
@@ -358,7 +379,8 @@ class Scheduler:
                 continue
             choice.prompt_stored = True
             if len(row.prompt) // block * block > choice.cached_tokens and not row.done:
-                self.prefix_cache.insert(row.prompt, self.decoder.row_cache(row, len(row.prompt)))
+                kv = self.decoder.row_cache(row, len(row.prompt))
+                self.prefix_cache.insert(row.prompt, kv, choice.cache_salt)
 
     def _logprobs(self, row: DecodingRow, start: int, top: int) -> list:
         """(token, log-probability, top alternatives) of the row's tokens from `start` on, from the model's AR
@@ -394,7 +416,7 @@ class Scheduler:
             reason = "stop" if choice.text.stopped or row.finish_reason == "stop" else "length"
             stats, lossless = row.stats, choice.settings.lossless
             if row.kv is not None:  # its prompt and answer, for the requests (and chat turns) that start the same
-                self.prefix_cache.insert(row.prompt + row.generated, row.kv)
+                self.prefix_cache.insert(row.prompt + row.generated, row.kv, choice.cache_salt)
                 row.kv = None
             job.emit(
                 Finish(
@@ -431,11 +453,11 @@ class Scheduler:
         self._jobs.discard(job)
         self.counters["cancelled" if reason == "cancelled" else "failed"] += 1
 
-    def _fail(self, job: Job, status: int, message: str) -> None:
+    def _fail(self, job: Job, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         if job.ended:
             return
         self._end(job, "error")
         try:
-            job.emit(Failure(status, message))
+            job.emit(Failure(status, message, param, code))
         except Exception:
             pass

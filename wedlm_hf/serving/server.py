@@ -1,4 +1,8 @@
-"""`wedlm-hf serve`: uvicorn running the app, with a shutdown that never leaves a client hanging.
+"""`wedlm-hf serve`: uvicorn running the app, with bounded connections and a shutdown that never leaves a client
+hanging.
+
+Connections go through `connections.ConnectionGuard` (at most `max_connections`, a deadline for each request to
+arrive, one log line per event); the process first raises its soft open-file limit to the hard one where allowed.
 
 On SIGINT / SIGTERM uvicorn stops accepting connections and waits for open responses. Before that wait this server
 tells the decoding loop to drain: requests not started yet get a 503 at once, running ones get `shutdown_timeout`
@@ -15,8 +19,10 @@ import uvicorn
 
 from .access import default_allowed_hosts
 from .app import create_app
+from .connections import DEFAULT_READ_TIMEOUT, ConnectionGuard, quiet_repeated_lines, raise_open_file_limit
 from .engine import ServingEngine, compile_config_for, serving_device
 from .limits import ServingLimits
+from .scheduler import serving_limits
 
 API_KEY_ENV = "WEDLM_HF_API_KEY"
 
@@ -33,23 +39,35 @@ class ServingServer(uvicorn.Server):
         shutdown_timeout: float = 10.0,
         log_level: str = "info",
         allowed_hosts: list[str] | None = None,
-        api_key: str | None = None,
+        api_key: str | list[str] | None = None,
         announce=None,
+        max_connections: int | None = None,
+        request_read_timeout: float = DEFAULT_READ_TIMEOUT,
+        prefix_cache_per_key: bool = False,
     ):
         self.engine = engine
         self.shutdown_timeout = shutdown_timeout
         self.announce = announce
-        app = create_app(engine, allowed_hosts or default_allowed_hosts(host), api_key=api_key)
+        self.connections = ConnectionGuard(max_connections, request_read_timeout)
+        app = create_app(
+            engine,
+            allowed_hosts or default_allowed_hosts(host),
+            api_key=api_key,
+            connections=self.connections,
+            prefix_cache_per_key=prefix_cache_per_key,
+        )
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
             log_level=log_level,
+            http=self.connections.protocol,
             lifespan="on",
             # a backstop only: the drain above ends every response within shutdown_timeout
             timeout_graceful_shutdown=shutdown_timeout + 5,
         )
         super().__init__(config)
+        quiet_repeated_lines("uvicorn.error", "asyncio")
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -62,14 +80,24 @@ class ServingServer(uvicorn.Server):
         await super().shutdown(sockets=sockets)
 
 
+def limits_from_args(args) -> ServingLimits:
+    """The `--max-*` options; one left unset takes its default (`--max-request-rows`: at most `--max-queue`)."""
+    given = {name: getattr(args, name) for name in ServingLimits().to_dict()}
+    return serving_limits(**{name: value for name, value in given.items() if value is not None})
+
+
 def serve_command(args) -> None:
     """`wedlm-hf serve`."""
     if args.shutdown_timeout < 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}.")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.prefix_cache_per_key and not api_key:
+        raise SystemExit("--prefix-cache-per-key keeps API keys apart: give the keys with --api-key KEY [KEY ...].")
+    raise_open_file_limit()
     try:
-        limits = ServingLimits(**{name: getattr(args, name) for name in ServingLimits().to_dict()})  # --max-*
-        device = serving_device(args.device)  # before the model loads
+        limits = limits_from_args(args)
+        ConnectionGuard(args.max_connections, args.request_read_timeout)  # checked before the model loads
+        device = serving_device(args.device)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     if args.threads is not None:
@@ -105,6 +133,9 @@ def serve_command(args) -> None:
         allowed_hosts=args.allowed_hosts,
         api_key=api_key,
         announce=announce,
+        max_connections=args.max_connections,
+        request_read_timeout=args.request_read_timeout,
+        prefix_cache_per_key=args.prefix_cache_per_key,
     )
     try:
         server.run()
