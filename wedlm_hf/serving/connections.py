@@ -7,7 +7,8 @@ the process's open-file limit `accept()` fails, nobody else can connect, and asy
 
 - at most `max_connections` are open at once (by default 1024, or half the open-file limit when that is lower, so
   the process's own files always have room), and one client address holds at most three quarters of them; a
-  connection beyond either is answered 503 at once and closed, before anything is read from it;
+  connection beyond either is answered 503 at once and closed, before anything is read from it. The listening
+  socket's backlog (what asyncio accepts in one burst, before any of it can be refused) fits in the files left;
 - a request's headers and body must arrive within `read_timeout` seconds of its first byte (for a connection's
   first request, of the connection itself); one that has not is answered 408 and its connection closed. Idle
   keep-alive connections between requests stay uvicorn's business (`timeout_keep_alive`, 5 s);
@@ -69,6 +70,9 @@ class ConnectionGuard:
         self.by_client: dict[str, int] = defaultdict(int)
         self.refused = 0
         self.timed_out = 0
+        # asyncio accepts up to `backlog` connections at once before any reaches `connection_made` (where one over
+        # the limit is closed): a burst that size must fit in the files the limit leaves over.
+        self.backlog = max(16, min(2048, (files - max_connections - RESERVED_FILES) // 2))
         self.protocol = _protocol_for(self)
 
     def admit(self, client: str) -> str | None:
@@ -174,7 +178,7 @@ def _protocol_for(guard: ConnectionGuard) -> type:
                 self._client,
                 guard.read_timeout,
             )
-            if self.cycle is None or not self.cycle.response_started:
+            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no response begun yet
                 message = f"The request did not arrive within {guard.read_timeout:g} s (--request-read-timeout)."
                 self.transport.write(_response(408, message, "request_timeout"))
             self.transport.close()

@@ -62,6 +62,7 @@ class ServingServer(uvicorn.Server):
             port=port,
             log_level=log_level,
             http=self.connections.protocol,
+            backlog=self.connections.backlog,
             lifespan="on",
             # a backstop only: the drain above ends every response within shutdown_timeout
             timeout_graceful_shutdown=shutdown_timeout + 5,
