@@ -24,6 +24,7 @@ COMMANDS = {
     "bench": "evaluation.benchmark:bench_command",
     "bench-lossless": "evaluation.lossless_benchmark:bench_lossless_command",
     "bench-structured": "evaluation.structured_benchmark:bench_structured_command",
+    "bench-step": "evaluation.step_benchmark:bench_step_command",
     "evaluate": "evaluation.evaluate:evaluate_command",
     "train-tokenizer": "data.tokenizer_training:train_tokenizer_command",
     "train": "training.trainer:train_command",
@@ -279,6 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the static-cache rows with torch.compile(model.forward) (compiling takes a minute or more)",
     )
     _add_decoding_args(bench, tau=1e9)  # accept every mask: measures the mechanics, not a model
+
+    bs_ = command("bench-step", "the decoder's own cost per step: AR vs WeDLM, eager and static+compiled, by batch")
+    bs_.add_argument("--batches", type=positive_int, nargs="+", default=[1, 16], help="batch sizes to measure")
+    bs_.add_argument("--repeats", type=positive_int, default=5, help="timed runs per cell, interleaved (best shown)")
+    bs_.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    bs_.add_argument("--json", default=None, help="also write the measurements to this file (default: none)")
+    bs_.add_argument("--no-compile", action="store_true", help="skip the static+compiled cells")
 
     bl = command("bench-lossless", "lossless WeDLM vs AR generate vs prompt lookup decoding, per prompt family")
     bl.add_argument("--prompts-per-family", type=positive_int, default=10, help="prompts of each family")

@@ -1,0 +1,40 @@
+"""`wedlm-hf bench-step` measures AR and WeDLM per decoding step and counts host reads (no timing asserts)."""
+
+import torch
+
+from wedlm_hf.cli import build_parser
+from wedlm_hf.evaluation.step_benchmark import HostReads, run_step_benchmark, step_model
+
+
+def test_host_reads_are_counted():
+    x = torch.arange(6)
+    with HostReads() as reads:
+        x.sum().item()
+        x.tolist()
+        bool(x[0] > 1)
+        x.nonzero()
+        torch.add(x, 1)  # stays on the device: not counted
+    assert reads.count == 4
+
+
+def test_every_cell_is_measured_and_reported():
+    lines = []
+    report = run_step_benchmark(
+        model=step_model(),
+        batches=(1, 2),
+        ar_tokens=(12, 4),
+        wedlm_windows=(3, 1),
+        window=4,
+        repeats=1,
+        compile_backend="eager",  # the static-cache plumbing, without compiling
+        log=lines.append,
+    )
+    assert set(report) == {1, 2}
+    for batch in (1, 2):
+        seconds = report[batch]["seconds_per_step"]
+        assert set(seconds) == {"AR eager", "WeDLM eager", "AR static+compiled", "WeDLM static+compiled"}
+        assert all(value > 0 for value in seconds.values())
+        reads = report[batch]["host_reads_per_step"]
+        assert set(reads) == {"AR eager", "WeDLM eager"} and reads["WeDLM eager"] >= 1
+    assert sum("target <= 1.3x" in line for line in lines) == 2  # batch 1, eager and compiled
+    assert build_parser().parse_args(["bench-step", "--batches", "1", "4"]).batches == [1, 4]

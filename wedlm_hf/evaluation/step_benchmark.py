@@ -1,0 +1,178 @@
+"""`wedlm-hf bench-step`: the decoder's own cost per step, AR against WeDLM, eager and static+compiled, by batch size.
+
+On a model so small that its forward costs next to nothing (one layer, 64 wide, a 512-token vocabulary), a step's
+time is the work `generate` does around the forward: for AR, transformers' loop; for WeDLM, the streaming decoder's
+bookkeeping (windows, reordering, commits, cache). Each cell times `generate` with N and with n new tokens at forced
+acceptance (every mask filled each step, no eos) and divides the difference by the difference in forwards, so the
+prefill and the set-up cancel; the four decoders run interleaved, each keeping its best of `repeats`. The compiled
+cells decode on the static cache with `torch.compile(model.forward)` swapped in, as `wedlm-hf bench` does.
+
+Host reads per step count, on the eager runs, the calls that copy a tensor's data to the host for Python to see
+(`item`, `tolist`, `bool()` / `int()` / `float()` / indexing by a tensor, `nonzero`, `unique`, `masked_select`,
+`.cpu()`): on a GPU each is a synchronisation. Targets: WeDLM's step at most 1.3x AR's at batch 1 and 2x at
+batch 16, eager and compiled, with one host read per step.
+"""
+
+import json
+import time
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..modeling import WeDLMConfig, WeDLMForCausalLM
+from .benchmark import compiled_forward, swapped_forward
+
+STEP_MODEL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=512,
+    max_position_embeddings=4096,
+    qk_norm=True,
+    attention_bias=False,
+    mask_token_id=511,
+)
+TARGETS = {1: 1.3, 16: 2.0}  # WeDLM step / AR step, by batch size
+HOST_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique", "cpu"}
+HOST_READS |= {"masked_select", "numpy"}
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the calls in `HOST_READS` made while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in HOST_READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_model(seed: int = 0) -> WeDLMForCausalLM:
+    torch.manual_seed(seed)
+    return WeDLMForCausalLM(WeDLMConfig(**STEP_MODEL)).eval()
+
+
+def _decoders(model, prompts: torch.Tensor, window: int, compiled) -> dict:
+    """name -> run(new_tokens) -> forwards, for AR and WeDLM, eager and (with `compiled`) static+compiled."""
+    common = dict(do_sample=False, eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts))
+    wedlm = dict(strategy="wedlm", wedlm_window_size=window, wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
+
+    def ar(tokens: int, **kwargs) -> int:
+        out = model.generate(prompts, max_new_tokens=tokens, min_new_tokens=tokens, **common, **kwargs)
+        assert out.shape[1] == prompts.shape[1] + tokens
+        return tokens  # the prefill gives the first token, each decoding step one more
+
+    def wedlm_run(tokens: int, **kwargs) -> int:
+        out = model.generate(prompts, max_new_tokens=tokens, **common, **wedlm, **kwargs)
+        assert all(s.tokens == tokens for s in out.wedlm_stats), "a row stopped early"
+        return max(s.forwards for s in out.wedlm_stats)
+
+    runs = {"AR eager": ar, "WeDLM eager": wedlm_run}
+    if compiled is not None:
+
+        def static(fn):
+            def run(tokens: int) -> int:
+                with swapped_forward(model, compiled):  # disable_compile: transformers' own compile (CUDA) stays off
+                    return fn(tokens, cache_implementation="static", disable_compile=True)
+
+            return run
+
+        runs |= {"AR static+compiled": static(ar), "WeDLM static+compiled": static(wedlm_run)}
+    return runs
+
+
+def _per_step(runs: dict, lengths: dict, repeats: int) -> dict:
+    """name -> seconds per decoding step: (best time(N) - best time(n)) / (forwards(N) - forwards(n)), the decoders
+    interleaved (the order rotating each repeat), each warmed up once untimed."""
+    forwards = {name: [run(tokens) for tokens in lengths[name]] for name, run in runs.items()}  # warm-up
+    best = {name: [float("inf")] * 2 for name in runs}
+    names = list(runs)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            for i, tokens in enumerate(lengths[name]):
+                start = time.perf_counter()
+                runs[name](tokens)
+                best[name][i] = min(best[name][i], time.perf_counter() - start)
+    return {name: (best[name][0] - best[name][1]) / (forwards[name][0] - forwards[name][1]) for name in runs}
+
+
+def _host_reads(runs: dict, lengths: dict) -> dict:
+    """name -> host reads per decoding step, counted on the eager runs."""
+    out = {}
+    for name, run in runs.items():
+        if "eager" not in name:
+            continue
+        counts, forwards = [], []
+        for tokens in lengths[name]:
+            with HostReads() as reads:
+                forwards.append(run(tokens))
+            counts.append(reads.count)
+        out[name] = (counts[0] - counts[1]) / (forwards[0] - forwards[1])
+    return out
+
+
+def run_step_benchmark(
+    model=None,
+    batches: tuple[int, ...] = (1, 16),
+    window: int = 16,
+    ar_tokens: tuple[int, int] = (96, 32),
+    wedlm_windows: tuple[int, int] = (12, 4),
+    prompt_len: int = 16,
+    repeats: int = 5,
+    threads: int = 1,
+    compile: bool = True,
+    compile_backend: str = "inductor",
+    log=print,
+) -> dict:
+    """Per-step times and host reads of AR and WeDLM at each batch size (see the module docstring); WeDLM decodes
+    `wedlm_windows` windows' worth of tokens (N, n), AR `ar_tokens`."""
+    torch.set_num_threads(threads)
+    model = model if model is not None else step_model()
+    compiled = compiled_forward(model, compile_backend) if compile else None
+    params = sum(p.numel() for p in model.parameters())
+    log(
+        f"model: {params / 1e3:.0f}K parameters ({model.config.num_hidden_layers} layer, hidden "
+        f"{model.config.hidden_size}, vocabulary {model.config.vocab_size}), {torch.get_num_threads()} thread(s); "
+        f"prompts of {prompt_len} tokens; AR N={ar_tokens[0]}, n={ar_tokens[1]}; WeDLM W={window} at forced "
+        f"acceptance, N={wedlm_windows[0] * window}, n={wedlm_windows[1] * window}; best of {repeats}, interleaved"
+        + (f"; compiled: torch.compile backend {compile_backend!r}, static cache" if compile else "")
+    )
+    g = torch.Generator().manual_seed(0)
+    report = {}
+    for batch in batches:
+        prompts = torch.randint(0, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(model.device)
+        runs = _decoders(model, prompts, window, compiled)
+        wedlm_lengths = tuple(k * window for k in wedlm_windows)
+        lengths = {name: ar_tokens if name.startswith("AR") else wedlm_lengths for name in runs}
+        seconds = _per_step(runs, lengths, repeats)
+        reads = _host_reads(runs, lengths)
+        report[batch] = {"seconds_per_step": seconds, "host_reads_per_step": reads}
+        for mode in ("eager", "static+compiled") if compile else ("eager",):
+            ar, wedlm = seconds[f"AR {mode}"], seconds[f"WeDLM {mode}"]
+            target = TARGETS.get(batch)
+            verdict = "" if target is None else f" (target <= {target}x: {'PASS' if wedlm / ar <= target else 'FAIL'})"
+            log(
+                f"batch {batch:>3}, {mode:<16} AR {ar * 1e3:7.3f} ms/step, WeDLM {wedlm * 1e3:7.3f} ms/step: "
+                f"{wedlm / ar:5.2f}x{verdict}"
+            )
+        log(
+            f"batch {batch:>3}, host reads per step (eager): AR {reads['AR eager']:.1f}, WeDLM "
+            f"{reads['WeDLM eager']:.1f} (target 1)"
+        )
+    return report
+
+
+def bench_step_command(args) -> None:
+    """`wedlm-hf bench-step`."""
+    report = run_step_benchmark(
+        batches=tuple(args.batches), repeats=args.repeats, threads=args.threads, compile=not args.no_compile
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
