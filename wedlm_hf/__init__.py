@@ -32,6 +32,7 @@ _EXPORTS = {
     "WEDLM_GENERATION_DEFAULTS": "modeling",
     "WeDLMCausalLMOutput": "modeling",
     "WeDLMConfig": "modeling",
+    "WeDLMDecodingConfig": "modeling",
     "WeDLMForCausalLM": "modeling",
     "WeDLMGenerateOutput": "modeling",
     "WeDLMModel": "modeling",

@@ -37,7 +37,7 @@ def ids():
         ({"wedlm_entropy_threshold": float("nan")}, r"wedlm_entropy_threshold must be a number >= 0 .* got nan"),
         ({"wedlm_pos_penalty_factor": float("nan")}, "wedlm_pos_penalty_factor must be a finite number >= 0"),
         ({"wedlm_pos_penalty_factor": float("inf")}, "wedlm_pos_penalty_factor must be a finite number >= 0"),
-        ({"wedlm_lossless": "yes"}, "wedlm_lossless must be True or False"),
+        ({"wedlm_lossless": "yes"}, "wedlm_lossless must be a boolean"),
         ({"max_new_tokens": 2.5}, r"max_new_tokens must be a whole number of tokens, got 2.5"),
         ({"max_length": 20.0}, r"max_length must be a whole number of tokens, got 20.0"),
         ({"cache": DynamicCache(), "past_key_values": DynamicCache()}, "Pass the cache once"),

@@ -137,7 +137,7 @@ def test_truncated_pickle_weights_name_the_file(tmp_path):
         ("[16]", "holds an array, not a JSON object of generation settings"),
         ('{"strategy": "fast"}', "strategy must be one of ar, wedlm, got 'fast'"),
         ('{"strategy": "wedlm", "wedlm_window_size": 0}', r"wedlm_window_size must be an integer >= 1 .*got 0\."),
-        ('{"wedlm_lossless": "yes"}', "wedlm_lossless must be True or False"),
+        ('{"wedlm_lossless": "yes"}', "wedlm_lossless must be a boolean"),
         ('{"max_new_tokens": -3}', "`max_new_tokens` must be greater than 0, but is -3"),  # GenerationConfig's own
     ],
     ids=["not-json", "array", "strategy", "window-size", "lossless", "max-new-tokens"],

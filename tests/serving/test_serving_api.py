@@ -132,7 +132,7 @@ def test_usage_has_no_draft_split_without_lossless_rows(client):
     "body, match",
     [
         ({"wedlm_context_ngram": 9}, "wedlm_context_ngram must be an integer from 1 to 8"),
-        ({"wedlm_context_drafts": "off"}, "wedlm_context_drafts must be true or false"),
+        ({"wedlm_context_drafts": "off"}, "wedlm_context_drafts must be a boolean"),
     ],
 )
 def test_context_draft_fields_are_refused_with_a_400_naming_them(client, body, match):

@@ -2,9 +2,10 @@
 
 import pytest
 
-from wedlm_hf.serving.openai_schema import APIError, WeDLMOptions, parse_chat, parse_completion
+from wedlm_hf.modeling import WeDLMDecodingConfig
+from wedlm_hf.serving.openai_schema import APIError, parse_chat, parse_completion
 
-DEFAULTS = WeDLMOptions(window_size=16, entropy_threshold=0.4, pos_penalty_factor=0.02, lossless=False)
+DEFAULTS = WeDLMDecodingConfig()
 
 
 def completion(**body):
@@ -46,12 +47,12 @@ def test_defaults_and_honoured_fields():
     )
     assert (request.max_tokens, request.temperature, request.top_p, request.seed, request.n) == (5, 0.7, 0.9, 3, 2)
     assert request.stop == ["##"] and request.stream and request.include_usage
-    assert request.wedlm == WeDLMOptions(8, None, 0.0, True)
+    assert request.wedlm == WeDLMDecodingConfig(8, None, 0.0, True)
 
 
 def test_context_draft_fields_over_the_checkpoint_defaults():
     """Both fields default to the generation config's values (here: off, 5), a request overrides each alone."""
-    checkpoint = WeDLMOptions(16, 0.4, 0.02, True, context_drafts=False, context_ngram=5)
+    checkpoint = WeDLMDecodingConfig(16, 0.4, 0.02, True, context_drafts=False, context_ngram=5)
     request = parse_completion({"prompt": "x"}, "m", checkpoint)
     assert (request.wedlm.context_drafts, request.wedlm.context_ngram) == (False, 5)
     request = parse_completion({"prompt": "x", "wedlm_context_drafts": True}, "m", checkpoint)

@@ -5,6 +5,7 @@ Every module here imports only torch, transformers and its neighbours (flat `fro
 transformers loads them without wedlm-hf. Wings import the core; the core imports no wing.
 
 - `configuration_wedlm`, `modeling_wedlm`: config and model (Qwen3 parts, WeDLM's differences stated).
+- `decoding_config`: `WeDLMDecodingConfig`, the WeDLM options with their defaults and checks, defined once.
 - `generation_wedlm`: `generate(strategy="wedlm")`'s arguments, checks and output.
 - `streaming_decoder`, `window_filling`, `ragged_cache`: the decoding loop, the fill rule and sampler, the KV cache
   shared by rows that commit at different rates.
@@ -13,6 +14,7 @@ transformers loads them without wedlm-hf. Wings import the core; the core import
 """
 
 from .configuration_wedlm import WeDLMConfig
+from .decoding_config import WeDLMDecodingConfig, WeDLMOptionError
 from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS, WeDLMGenerateOutput, generate_wedlm
 from .modeling_wedlm import WeDLMCausalLMOutput, WeDLMForCausalLM, WeDLMModel, WeDLMPreTrainedModel
 from .streaming_decoder import WeDLMStats
@@ -22,9 +24,11 @@ __all__ = [
     "WEDLM_GENERATION_DEFAULTS",
     "WeDLMCausalLMOutput",
     "WeDLMConfig",
+    "WeDLMDecodingConfig",
     "WeDLMForCausalLM",
     "WeDLMGenerateOutput",
     "WeDLMModel",
+    "WeDLMOptionError",
     "WeDLMPreTrainedModel",
     "WeDLMStats",
     "generate_wedlm",

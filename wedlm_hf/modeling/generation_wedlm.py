@@ -26,6 +26,7 @@ from transformers.generation import (
 )
 
 from .batch_stopping import BatchStoppingCriteria
+from .decoding_config import WeDLMDecodingConfig
 from .grammar_commit import allowed_tokens, compile_grammar
 from .ragged_cache import CACHE_KWARG
 from .slot_cache import SlotCache
@@ -33,15 +34,8 @@ from .streaming_decoder import DecodingSettings, StreamingDecoder, WeDLMStats
 from .window_filling import FillSampler
 
 STRATEGIES = ("ar", "wedlm")
-WEDLM_GENERATION_DEFAULTS = {
-    "strategy": "ar",
-    "wedlm_window_size": 16,
-    "wedlm_entropy_threshold": 0.4,
-    "wedlm_pos_penalty_factor": 0.02,
-    "wedlm_lossless": False,
-    "wedlm_context_drafts": True,
-    "wedlm_context_ngram": 3,
-}
+# What a WeDLM generation config holds by default: the strategy, and every option of `WeDLMDecodingConfig`.
+WEDLM_GENERATION_DEFAULTS = {"strategy": "ar", **WeDLMDecodingConfig().as_kwargs()}
 # Warpers that read only the scores, so they mean the same for a masked slot as for a next token.
 _SCORE_ONLY_WARPERS = (
     TemperatureLogitsWarper,
@@ -54,7 +48,6 @@ _SCORE_ONLY_WARPERS = (
 )
 # Options that change nothing unless another unsupported option (beam search, assisted decoding) is also on.
 _INERT_OPTIONS = {"early_stopping", "length_penalty"}
-_UNSET = object()
 # The output field holding the KV cache: `cache` from transformers 5.24 on, `past_key_values` before.
 _OUTPUT_CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
@@ -161,9 +154,9 @@ def generate_wedlm(
     _refuse(bool(synced_gpus), "synced_gpus", "ranks would run different numbers of forwards; pass synced_gpus=False")
     strategy = kwargs.pop("strategy", "wedlm")
     _refuse(strategy != "wedlm", "strategy", f"generate_wedlm runs strategy='wedlm', got {strategy!r}")
-    explicit = {key: kwargs.pop(key, _UNSET) for key in WEDLM_GENERATION_DEFAULTS if key != "strategy"}
+    explicit = {key: kwargs.pop(key) for key in WeDLMDecodingConfig.keys() if key in kwargs}
     unknown = sorted(k for k in kwargs if k.startswith("wedlm_"))
-    _refuse(bool(unknown), ", ".join(unknown), f"unknown WeDLM option; known: {', '.join(explicit)}")
+    _refuse(bool(unknown), ", ".join(unknown), f"unknown WeDLM option; known: {', '.join(WeDLMDecodingConfig.keys())}")
     _refuse("inputs_embeds" in kwargs, "inputs_embeds", "WeDLM decoding needs token ids: pass input_ids")
 
     input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
@@ -177,10 +170,7 @@ def generate_wedlm(
     model_kwargs.pop("use_cache", None)
     _refuse(bool(model_kwargs), ", ".join(sorted(model_kwargs)), "not supported by strategy='wedlm'; remove it")
 
-    window_size, threshold, penalty, lossless, context_drafts, context_ngram = (
-        _setting(explicit, config, key) for key in explicit
-    )
-    validate_wedlm_settings(window_size, threshold, penalty, lossless, context_drafts, context_ngram)
+    options = WeDLMDecodingConfig.from_values(config, **explicit)  # the arguments over the generation config
     mask_token_id = _resolve_mask_token_id(model, config, tokenizer, mask_token_id)
     _validate_config(config, past_key_values)
 
@@ -235,16 +225,11 @@ def generate_wedlm(
     if pad_token_id is None and can_stop_early and input_ids.shape[0] > 1:
         raise ValueError("Rows that stop early are padded with pad_token_id: set pad_token_id (or eos_token_id).")
 
-    settings = DecodingSettings(
+    settings = DecodingSettings.of(
+        options,
         max_new_tokens=max_new_tokens,
-        window_size=window_size,
-        entropy_threshold=threshold,
-        pos_penalty_factor=penalty,
-        lossless=lossless,
         sampler=FillSampler(bool(config.do_sample), processors),
         stop_ids=frozenset(stop_ids),
-        context_drafts=context_drafts,
-        context_ngram=context_ngram,
         keep_logits=bool(config.return_dict_in_generate and (config.output_scores or config.output_logits)),
     )
     decode_cache = None if _is_prompt_cache(past_key_values) else past_key_values  # read now, refilled at the end
@@ -377,39 +362,6 @@ def _slot_cache(model, config, given, rows: int, tokens: int) -> SlotCache:
 def _refuse(condition: bool, argument: str, fix: str) -> None:
     if condition:
         raise ValueError(f"generate(strategy='wedlm') does not accept {argument}: {fix}.")
-
-
-def _setting(explicit: dict, config, key: str):
-    value = explicit[key]
-    if value is _UNSET:
-        value = getattr(config, key, WEDLM_GENERATION_DEFAULTS[key])
-    return value
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def validate_wedlm_settings(window_size, threshold, penalty, lossless, context_drafts=True, context_ngram=3) -> None:
-    """Refuses `wedlm_*` values decoding cannot use: given to generate, or read from generation_config.json."""
-    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(f"wedlm_window_size must be an integer >= 1 (16 is the default), got {window_size!r}.")
-    # NaN compares false with everything (`x != x` only for NaN), so it would silently disable the threshold.
-    if threshold is not None and (not _is_number(threshold) or threshold != threshold or threshold < 0):
-        raise ValueError(
-            "wedlm_entropy_threshold must be a number >= 0 (nats; 0.4 is the default; float('inf') fills every mask) "
-            f"or None for one token per forward, got {threshold!r}."
-        )
-    if not _is_number(penalty) or penalty != penalty or penalty == float("inf") or penalty < 0:
-        raise ValueError(
-            f"wedlm_pos_penalty_factor must be a finite number >= 0 (0.02 is the default), got {penalty!r}."
-        )
-    if not isinstance(lossless, bool):
-        raise ValueError(f"wedlm_lossless must be True or False (False is the default), got {lossless!r}.")
-    if not isinstance(context_drafts, bool):
-        raise ValueError(f"wedlm_context_drafts must be True or False (True is the default), got {context_drafts!r}.")
-    if isinstance(context_ngram, bool) or not isinstance(context_ngram, int) or context_ngram < 1:
-        raise ValueError(f"wedlm_context_ngram must be an integer >= 1 (3 is the default), got {context_ngram!r}.")
 
 
 def _cache_argument(model_kwargs: dict):

@@ -20,7 +20,8 @@ from transformers import GenerationConfig
 from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 
 from .configuration_wedlm import check_sizes
-from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS, validate_wedlm_settings
+from .decoding_config import WeDLMDecodingConfig
+from .generation_wedlm import STRATEGIES
 
 # What `cached_file` takes from from_pretrained's arguments, to find the same files transformers reads.
 _HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "revision", "local_files_only", "subfolder")
@@ -90,15 +91,7 @@ def check_generation_config(path: Path) -> None:
         strategy = values.get("strategy")
         if strategy is not None and strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}.")
-        setting = {**WEDLM_GENERATION_DEFAULTS, **values}
-        validate_wedlm_settings(
-            setting["wedlm_window_size"],
-            setting["wedlm_entropy_threshold"],
-            setting["wedlm_pos_penalty_factor"],
-            setting["wedlm_lossless"],
-            setting["wedlm_context_drafts"],
-            setting["wedlm_context_ngram"],
-        )
+        WeDLMDecodingConfig.from_values({k: v for k, v in values.items() if k in WeDLMDecodingConfig.keys()})
     except (ValueError, TypeError, AttributeError) as error:
         raise ValueError(
             f"{path} has a setting that generation refuses: {error} Correct it in that file, or remove the entry to "

@@ -12,11 +12,12 @@ with its own seeded generator draws the same tokens alone or batched. A row may 
 text commits (`grammar_commit`).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from .context_drafts import LONG_MATCH, ContextIndex
+from .decoding_config import WeDLMDecodingConfig
 from .draft_verification import ArPredictions
 from .draft_windows import COPY_TOKENS, GROWTH, JOIN_MASKS, ContextWindow, DraftWindow
 from .grammar_commit import allowed_along, allowed_tokens, restrict, valid_prefix
@@ -79,18 +80,24 @@ class WeDLMStats:
 
 @dataclass
 class DecodingSettings:
-    """How one row decodes. Rows with different settings share a batch."""
+    """How one row decodes: its `WeDLMDecodingConfig` options (defaults there) and its own budget, sampler and
+    stops. Rows with different settings share a batch."""
 
     max_new_tokens: int
-    window_size: int = 16
-    entropy_threshold: float | None = 0.4
-    pos_penalty_factor: float = 0.02
-    lossless: bool = False
+    window_size: int = WeDLMDecodingConfig.window_size
+    entropy_threshold: float | None = WeDLMDecodingConfig.entropy_threshold
+    pos_penalty_factor: float = WeDLMDecodingConfig.pos_penalty_factor
+    lossless: bool = WeDLMDecodingConfig.lossless
     sampler: FillSampler = field(default_factory=FillSampler)
     stop_ids: frozenset[int] = frozenset()
-    context_drafts: bool = True  # lossless mode: also draft from the context (prompt lookup's rule)
-    context_ngram: int = 3  # the longest suffix matched there, tried down to one token
+    context_drafts: bool = WeDLMDecodingConfig.context_drafts
+    context_ngram: int = WeDLMDecodingConfig.context_ngram
     keep_logits: bool = False  # record, for each committed token, the AR logits of its position (`row.logits`)
+
+    @classmethod
+    def of(cls, options: WeDLMDecodingConfig, **row) -> "DecodingSettings":
+        """A row's settings from checked options and the row's own fields (`max_new_tokens`, `sampler`, ...)."""
+        return cls(**asdict(options), **row)
 
 
 @dataclass(eq=False)

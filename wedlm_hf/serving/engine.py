@@ -27,14 +27,14 @@ from transformers import (
 )
 
 from ..data import default_model_path
-from ..modeling import WEDLM_GENERATION_DEFAULTS
+from ..modeling import WeDLMDecodingConfig
 from ..modeling.streaming_decoder import DecodingSettings
 from ..modeling.window_filling import FillSampler
 from ..structured import compile_grammar
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
 from .log_probabilities import TokenTexts, token_log_probabilities
-from .openai_schema import WEDLM_FIELDS, APIError, ParsedRequest, WeDLMOptions, invalid, wedlm_options
+from .openai_schema import APIError, ParsedRequest, invalid, wedlm_options
 from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, Choice, Scheduler, serving_limits
 
 DEFAULT_MODEL_ID = "wedlm-hf-default"
@@ -73,11 +73,10 @@ class ServingEngine:
         self.stop_ids = frozenset(_ids(generation.eos_token_id) or _ids(model.config.eos_token_id))
         if not self.stop_ids and tokenizer.eos_token_id is not None:
             self.stop_ids = frozenset({tokenizer.eos_token_id})
-        given = {key: getattr(generation, key) for key in WEDLM_FIELDS if hasattr(generation, key)}
         try:  # the generation config's options, checked like a request's
-            self.defaults = wedlm_options(given, WeDLMOptions(*(WEDLM_GENERATION_DEFAULTS[k] for k in WEDLM_FIELDS)))
-        except APIError as exc:
-            raise ValueError(f"generation_config.json of {model_id}: {exc.message}") from exc
+            self.defaults = wedlm_options({}, WeDLMDecodingConfig.from_values(generation))
+        except (APIError, ValueError) as exc:
+            raise ValueError(f"generation_config.json of {model_id}: {getattr(exc, 'message', exc)}") from exc
         if self.defaults.window_size > self.limits.max_window_size:
             raise ValueError(
                 f"generation_config.json of {model_id} sets wedlm_window_size {self.defaults.window_size}, above "
@@ -241,16 +240,11 @@ class ServingEngine:
         for p, prompt in enumerate(prompts):
             for j in range(request.n):
                 index = p * request.n + j
-                settings = DecodingSettings(
+                settings = DecodingSettings.of(
+                    request.wedlm,
                     max_new_tokens=max_tokens,
-                    window_size=request.wedlm.window_size,
-                    entropy_threshold=request.wedlm.entropy_threshold,
-                    pos_penalty_factor=request.wedlm.pos_penalty_factor,
-                    lossless=request.wedlm.lossless,
                     sampler=self._sampler(request, index),
                     stop_ids=self.stop_ids,
-                    context_drafts=request.wedlm.context_drafts,
-                    context_ngram=request.wedlm.context_ngram,
                     keep_logits=request.logprobs is not None,
                 )
                 text = IncrementalText(self.tokenizer, request.stop)

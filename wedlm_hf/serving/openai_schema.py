@@ -7,7 +7,9 @@ fields (`wedlm_window_size`, ...), which the official client sends with `extra_b
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from ..modeling import WeDLMDecodingConfig, WeDLMOptionError
 
 
 class APIError(Exception):
@@ -53,18 +55,6 @@ def invalid(param: str | None, message: str, code: str | None = "invalid_value")
 
 
 @dataclass
-class WeDLMOptions:
-    """The request's WeDLM decoding settings (defaults: the model's generation config)."""
-
-    window_size: int
-    entropy_threshold: float | None
-    pos_penalty_factor: float
-    lossless: bool
-    context_drafts: bool = True  # lossless mode only: also draft tokens copied from the context
-    context_ngram: int = 3
-
-
-@dataclass
 class ParsedRequest:
     """A validated completions or chat request; prompts are not tokenised yet."""
 
@@ -83,17 +73,10 @@ class ParsedRequest:
     echo: bool = False  # completions: the prompt (and its tokens' log-probabilities) before the completion
     json_schema: dict | None = None  # response_format: the JSON schema every choice's text follows (None: free text)
     cache_salt: str | None = None  # prefix-cache blocks are shared only with requests of the same salt
-    wedlm: WeDLMOptions | None = None
+    wedlm: WeDLMDecodingConfig | None = None  # the WeDLM options: the request's wedlm_* fields over the model's
 
 
-WEDLM_FIELDS = (
-    "wedlm_window_size",
-    "wedlm_entropy_threshold",
-    "wedlm_pos_penalty_factor",
-    "wedlm_lossless",
-    "wedlm_context_drafts",
-    "wedlm_context_ngram",
-)
+WEDLM_FIELDS = WeDLMDecodingConfig.keys()
 # A context-draft lookup tries every suffix size from n down to 1, each comparing up to 64 earlier occurrences of
 # n tokens: its cost grows as n squared on the server's decoding thread, and longer suffixes rarely match anyway.
 MAX_CONTEXT_NGRAM = 8
@@ -140,7 +123,9 @@ _CHAT_FIELDS = (
 _ROLES = ("system", "developer", "user", "assistant")
 
 
-def parse_completion(body, model_id: str, defaults: WeDLMOptions, max_window: int | None = None) -> ParsedRequest:
+def parse_completion(
+    body, model_id: str, defaults: WeDLMDecodingConfig, max_window: int | None = None
+) -> ParsedRequest:
     """`POST /v1/completions`: `prompt` is a string, a list of strings, a token-id list or a list of those."""
     body = _object(body)
     _known_fields(body, _COMPLETION_FIELDS)
@@ -164,7 +149,7 @@ def parse_completion(body, model_id: str, defaults: WeDLMOptions, max_window: in
     return request
 
 
-def parse_chat(body, model_id: str, defaults: WeDLMOptions, max_window: int | None = None) -> ParsedRequest:
+def parse_chat(body, model_id: str, defaults: WeDLMDecodingConfig, max_window: int | None = None) -> ParsedRequest:
     """`POST /v1/chat/completions`: `messages` with text content (a string or text parts)."""
     body = _object(body)
     _known_fields(body, _CHAT_FIELDS)
@@ -206,7 +191,9 @@ def _known_fields(body: dict, allowed: set[str]) -> None:
             raise invalid(name, f"{name} is not supported by this server; leave {name} out.", "unsupported_parameter")
 
 
-def _common(body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMOptions, max_window: int | None) -> None:
+def _common(
+    body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMDecodingConfig, max_window: int | None
+) -> None:
     model = body.get("model")
     if model is not None and model != model_id:
         raise APIError(
@@ -301,47 +288,28 @@ def _response_format(value) -> dict | None:
     return schema
 
 
-def wedlm_options(body: dict, defaults: WeDLMOptions, max_window: int | None = None) -> WeDLMOptions:
-    """The body's `wedlm_*` fields over `defaults`, validated (400 naming the field); W at most `max_window`."""
-    window = body.get("wedlm_window_size", defaults.window_size)
-    if not _is_int(window) or window < 1:
-        raise invalid("wedlm_window_size", f"wedlm_window_size must be an integer >= 1 (16 is usual), got {window!r}.")
-    if max_window is not None and window > max_window:
+def wedlm_options(body: dict, defaults: WeDLMDecodingConfig, max_window: int | None = None) -> WeDLMDecodingConfig:
+    """The body's `wedlm_*` fields over `defaults`, checked by the core (a 400 naming the field, in the words
+    `generate` uses), then against this server's own limits: W at most `max_window`, the context n-gram at most
+    `MAX_CONTEXT_NGRAM`."""
+    given = {key[len("wedlm_") :]: body[key] for key in WEDLM_FIELDS if key in body}
+    try:
+        options = replace(defaults, **given)
+    except WeDLMOptionError as error:
+        raise invalid(error.key, str(error)) from None
+    if max_window is not None and options.window_size > max_window:
         raise invalid(
             "wedlm_window_size",
-            f"wedlm_window_size {window} is above this server's limit of {max_window} (--max-window-size); "
-            "16 is usual.",
+            f"wedlm_window_size {options.window_size} is above this server's limit of {max_window} "
+            "(--max-window-size); 16 is usual.",
         )
-    threshold = body.get("wedlm_entropy_threshold", defaults.entropy_threshold)
-    if threshold is not None and (not _is_number(threshold) or math.isnan(threshold) or threshold < 0):
-        raise invalid(
-            "wedlm_entropy_threshold",
-            "wedlm_entropy_threshold must be a number >= 0 (nats; 0.4 is usual) or null for one token per forward, "
-            f"got {threshold!r}.",
-        )
-    penalty = body.get("wedlm_pos_penalty_factor", defaults.pos_penalty_factor)
-    if not _is_number(penalty) or not math.isfinite(penalty) or penalty < 0:
-        raise invalid(
-            "wedlm_pos_penalty_factor",
-            f"wedlm_pos_penalty_factor must be a finite number >= 0 (0.02 is usual), got {penalty!r}.",
-        )
-    lossless = body.get("wedlm_lossless", defaults.lossless)
-    if not isinstance(lossless, bool):
-        raise invalid("wedlm_lossless", f"wedlm_lossless must be true or false, got {lossless!r}.")
-    context_drafts = body.get("wedlm_context_drafts", defaults.context_drafts)
-    if not isinstance(context_drafts, bool):
-        raise invalid(
-            "wedlm_context_drafts",
-            f"wedlm_context_drafts must be true or false (it applies with wedlm_lossless), got {context_drafts!r}.",
-        )
-    ngram = body.get("wedlm_context_ngram", defaults.context_ngram)
-    if not _is_int(ngram) or not 1 <= ngram <= MAX_CONTEXT_NGRAM:
+    if options.context_ngram > MAX_CONTEXT_NGRAM:
         raise invalid(
             "wedlm_context_ngram",
-            f"wedlm_context_ngram must be an integer from 1 to {MAX_CONTEXT_NGRAM} (3 is usual), got {ngram!r}.",
+            f"wedlm_context_ngram must be an integer from 1 to {MAX_CONTEXT_NGRAM} on this server (3 is usual), got "
+            f"{options.context_ngram!r}.",
         )
-    threshold = None if threshold is None else float(threshold)
-    return WeDLMOptions(window, threshold, float(penalty), lossless, context_drafts, ngram)
+    return options
 
 
 def _prompts(prompt) -> list:
