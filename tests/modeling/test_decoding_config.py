@@ -33,6 +33,17 @@ def test_defaults_and_sources():
         WeDLMDecodingConfig.from_values(wedlm_windowsize=4)
 
 
+def test_json_integers_become_the_floats_they_mean():
+    """A request's `"wedlm_pos_penalty_factor": 1` is the float 1.0; an integer no float holds is refused here,
+    not left to overflow inside the decoding step the whole batch shares."""
+    options = WeDLMDecodingConfig.from_values(wedlm_pos_penalty_factor=1, wedlm_entropy_threshold=0)
+    assert (options.pos_penalty_factor, options.entropy_threshold) == (1.0, 0.0)
+    assert isinstance(options.pos_penalty_factor, float) and isinstance(options.entropy_threshold, float)
+    for key in ("wedlm_pos_penalty_factor", "wedlm_entropy_threshold"):
+        with pytest.raises(WeDLMOptionError, match=f"{key} must be a number a float can hold"):
+            WeDLMDecodingConfig.from_values(**{key: 10**400})
+
+
 @pytest.mark.parametrize("key, value", BAD, ids=[f"{k}={v!r}" for k, v in BAD])
 def test_one_error_text_through_every_door(tmp_path, key, value):
     with pytest.raises(WeDLMOptionError) as direct:

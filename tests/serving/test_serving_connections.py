@@ -103,6 +103,21 @@ def test_half_sent_requests_are_answered_408_and_closed():
         finally:
             kept.close()
         assert live.health()["timed_out_requests"] == 71
+        silent = connect(live.port, b"")  # a connection that sends nothing is closed as an idle one, no answer
+        try:
+            assert read_to_close(silent, time.monotonic() + 10) == b""
+        finally:
+            silent.close()
+        upgrades = [  # served as plain HTTP (no WebSocket routes): each connection is released, none leaks
+            connect(
+                live.port,
+                b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+            )
+            for _ in range(5)
+        ]
+        for sock in upgrades:
+            sock.close()
+        live.wait_for(lambda state: state["open_connections"] == 1)  # /health's own
 
 
 ATTACKER = """

@@ -170,6 +170,22 @@ def test_an_answer_over_the_entry_limit_is_refused_up_front(server):
     assert server.health()["live_rows"] == 0
 
 
+def test_a_left_out_max_tokens_is_lowered_to_fit_the_entry_limit():
+    """Chat's default max_tokens is the rest of the context; with log-probabilities it is lowered to what the entry
+    limit allows instead of refusing a request that did not ask for that many tokens. A max_tokens the client set
+    beyond the limit is refused."""
+    import openai
+    from live_server import engine
+
+    with LiveServer(engine(max_logprob_entries=40)) as live:
+        client = live.client()
+        options = dict(model=MODEL_ID, messages=MESSAGES, logprobs=True, top_logprobs=3)
+        answer = client.chat.completions.create(**options)
+        assert 1 <= answer.usage.completion_tokens <= 10  # 40 entries / (1 + 3) per token
+        with pytest.raises(openai.BadRequestError, match="--max-logprob-entries"):
+            client.chat.completions.create(max_tokens=11, **options)
+
+
 def test_a_heavy_answer_leaves_the_event_loop_free(server):
     """The largest echo the limit allows (12 choices x 1,000 tokens x 21 entries, several MB of JSON) is scored,
     rendered and encoded in worker threads: /health keeps answering within 10x its idle latency meanwhile. Before,

@@ -40,6 +40,13 @@ class WeDLMDecodingConfig:
 
         if not _is_int(self.window_size) or self.window_size < 1:
             refuse("window_size", "an integer >= 1")
+        for name in ("entropy_threshold", "pos_penalty_factor"):  # JSON's integers, stored as the floats they mean
+            value = getattr(self, name)
+            if _is_number(value):
+                try:
+                    object.__setattr__(self, name, float(value))
+                except OverflowError:  # an integer beyond any float
+                    refuse(name, "a number a float can hold")
         threshold = self.entropy_threshold  # NaN compares false with everything: it would disable the threshold
         if threshold is not None and (not _is_number(threshold) or math.isnan(threshold) or threshold < 0):
             refuse(

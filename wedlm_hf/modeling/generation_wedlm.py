@@ -546,17 +546,22 @@ def _prompt_cache_layers(model, cache: DynamicCache, n: int, name: str) -> list:
     lower precision, silently change the output)."""
     layers = [(layer.keys, layer.values) for layer in cache.layers]
     text = model.config.get_text_config()
-    if len(layers) != text.num_hidden_layers or any(k is None or k.shape[2] != n for k, _ in layers):
+    if len(layers) != text.num_hidden_layers or any(k is None or v is None or k.shape[2] != n for k, v in layers):
         raise ValueError(
             f"generate(strategy='wedlm'): {name} does not hold {n} columns for each of this model's "
             f"{text.num_hidden_layers} layers: prefill it with this model (model(prefix_ids, {CACHE_KWARG}=cache))."
         )
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads  # as SlotCache sizes its layers
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    devices = {p.device for p in model.parameters()}  # a model spread over devices keeps each layer's K/V on its own
+    # A model spread over devices keeps each layer's K/V on its own; one dispatched by accelerate (offloading
+    # included) computes them on its execution devices, which its parameters do not show: not checked there.
+    devices = None if getattr(model, "hf_device_map", None) else {p.device for p in model.parameters()}
     needed = (heads, head_dim, model.dtype)
-    tensors = (t for kv in layers for t in kv)
-    tensor = next((t for t in tensors if (t.shape[1], t.shape[3], t.dtype) != needed or t.device not in devices), None)
+
+    def wrong(t: torch.Tensor) -> bool:
+        return (t.shape[1], t.shape[3], t.dtype) != needed or (devices is not None and t.device not in devices)
+
+    tensor = next((t for kv in layers for t in kv if wrong(t)), None)
     if tensor is not None:
         raise ValueError(
             f"generate(strategy='wedlm'): {name} holds K/V of num_key_value_heads {tensor.shape[1]}, head_dim "

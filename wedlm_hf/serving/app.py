@@ -209,6 +209,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
                 raise too_large
             chunks.append(piece)
     except ClientDisconnect:
+        if request.scope.get("state", {}).get("read_timed_out"):  # closed by the read deadline, logged there
+            raise APIError(408, "The request did not arrive in time.", code="request_timeout") from None
         client = request.client.host if request.client else "unknown"
         LOGGER.info("A client from %s went away before its request arrived whole.", client)
         raise APIError(CLIENT_GONE, "The client went away before its request arrived whole.") from None
@@ -369,6 +371,9 @@ async def _stream(
         yield sse("[DONE]")
         status = 200
         done(tally.first_token, time.monotonic(), tally)
+    except Exception:
+        status = 500
+        raise
     finally:  # also when the client went away (Starlette cancels this generator)
         engine.scheduler.cancel(job)
         if status != 200:

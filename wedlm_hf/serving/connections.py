@@ -10,8 +10,9 @@ the process's open-file limit `accept()` fails, nobody else can connect, and asy
   connection beyond either is answered 503 at once and closed, before anything is read from it. The listening
   socket's backlog (what asyncio accepts in one burst, before any of it can be refused) fits in the files left;
 - a request's headers and body must arrive within `read_timeout` seconds of its first byte (for a connection's
-  first request, of the connection itself); one that has not is answered 408 and its connection closed. Idle
-  keep-alive connections between requests stay uvicorn's business (`timeout_keep_alive`, 5 s);
+  first request, of the connection itself); one that has not is answered 408 and its connection closed (a new
+  connection that sent nothing at all is closed without an answer, as an idle one). Idle keep-alive connections
+  between requests stay uvicorn's business (`timeout_keep_alive`, 5 s);
 - at shutdown, a connection still receiving its request is closed at once instead of holding the exit;
 - each event is one log line, and `RepeatedLines` keeps identical lines from flooding the log.
 """
@@ -107,7 +108,6 @@ def _protocol_for(guard: ConnectionGuard) -> type:
 
         _client = None  # the peer's address, once admitted
         _deadline = None  # the timer of the request being received
-        _requested = False  # a request has arrived whole on this connection
 
         def connection_made(self, transport) -> None:
             peer = transport.get_extra_info("peername")
@@ -150,13 +150,11 @@ def _protocol_for(guard: ConnectionGuard) -> type:
             state = self.conn.their_state
             if state is h11.SEND_BODY:
                 return True
-            if state is h11.IDLE:
-                return not self._requested or bool(self.conn.trailing_data[0])
+            if state is h11.IDLE:  # between requests: only once the next one's first bytes are here
+                return self.cycle is None or bool(self.conn.trailing_data[0])
             return False
 
         def _watch(self) -> None:
-            if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
-                self._requested = True
             if self._receiving() and not self.transport.is_closing():
                 if self._deadline is None:
                     self._deadline = self.loop.call_later(guard.read_timeout, self._timed_out)
@@ -178,7 +176,10 @@ def _protocol_for(guard: ConnectionGuard) -> type:
                 self._client,
                 guard.read_timeout,
             )
-            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no response begun yet
+            if self.cycle is not None:  # the app, waiting for the body, answers nothing more (app._read_body)
+                self.cycle.scope.setdefault("state", {})["read_timed_out"] = True
+            sent = self.cycle is not None or bool(self.conn.trailing_data[0])  # a connection that sent nothing
+            if sent and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # ... is closed as an idle one
                 message = f"The request did not arrive within {guard.read_timeout:g} s (--request-read-timeout)."
                 self.transport.write(_response(408, message, "request_timeout"))
             self.transport.close()
@@ -214,7 +215,8 @@ class RepeatedLines(logging.Filter):
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - a line that cannot be formatted is logging's to report
             return True
-        key, now = (record.name, record.levelno, text), time.monotonic()
+        error = repr(record.exc_info[1]) if record.exc_info else None  # different failures are different lines
+        key, now = (record.name, record.levelno, text, error), time.monotonic()
         seen = self._seen.get(key)
         if seen is not None and now - seen[0] < self.window:
             seen[1] += 1

@@ -230,8 +230,7 @@ class ServingEngine:
     def choices(self, request: ParsedRequest, prompts: list[list[int]], tenant=None) -> list[Choice]:
         """One choice per (prompt, n) in OpenAI's order: index = prompt_index * n + j. `tenant` (with
         --prefix-cache-per-key, which API key sent it) and the request's `cache_salt` salt its prefix-cache blocks."""
-        max_tokens = self.max_tokens(request, prompts)
-        self._check_answer_size(request, prompts, max_tokens)
+        max_tokens = self._check_answer_size(request, prompts, self.max_tokens(request, prompts))
         grammar = self.grammar(request)  # checked even where nothing decodes (echo with max_tokens 0)
         if max_tokens == 0:
             return []  # nothing to decode: the response is the scored prompt
@@ -253,15 +252,20 @@ class ServingEngine:
                 )
         return choices
 
-    def _check_answer_size(self, request: ParsedRequest, prompts: list[list[int]], max_tokens: int) -> None:
-        """Refuses a request whose answer would hold more log-probability entries than --max-logprob-entries: per
-        choice, each echoed prompt token and (with logprobs) each completion token, times 1 + top alternatives."""
+    def _check_answer_size(self, request: ParsedRequest, prompts: list[list[int]], max_tokens: int) -> int:
+        """`max_tokens`, unless the answer would hold more log-probability entries than --max-logprob-entries (per
+        choice, each echoed prompt token and, with logprobs, each completion token, times 1 + top alternatives):
+        then a max_tokens the request left out (chat's default: the rest of the context) is lowered to fit, and a
+        request that set it is refused."""
         top = request.logprobs
         per_token = 1 if top is None else 1 + top
-        completion = 0 if top is None else max_tokens
         echoed = sum(len(p) for p in prompts) if request.echo else 0
-        entries = request.n * (echoed + completion * len(prompts)) * per_token
         limit = self.limits.max_logprob_entries
+        if top is not None and request.max_tokens is None:
+            fits = (limit // (request.n * per_token) - echoed) // len(prompts)
+            max_tokens = min(max_tokens, max(fits, 1))
+        completion = 0 if top is None else max_tokens
+        entries = request.n * (echoed + completion * len(prompts)) * per_token
         if entries > limit:
             param = "logprobs" if top is not None else "echo"
             raise invalid(
@@ -271,6 +275,7 @@ class ServingEngine:
                 "(--max-logprob-entries): ask for fewer top log-probabilities, fewer choices or fewer tokens.",
                 code="answer_too_large",
             )
+        return max_tokens
 
     def grammar(self, request: ParsedRequest):
         """The request's response_format compiled (once per schema: the compiler caches it), or None."""

@@ -99,9 +99,10 @@ def full_body_json(ids: ResponseIds, choices: list[dict], usage_: dict) -> bytes
     """`full_body` as UTF-8 JSON, each choice encoded by its own call: the C encoder holds the GIL for a whole call,
     so a large answer encoded at once would stall every other thread (the event loop's included) until it ends."""
     body = full_body(ids, choices, usage_)
-    encoded = [json.dumps(choice, ensure_ascii=False) for choice in body.pop("choices")]
-    head = json.dumps(body, ensure_ascii=False)
-    return (f'{head[:-1]}, "choices": [{", ".join(encoded)}]}}').encode()
+    dumps = dict(ensure_ascii=False, allow_nan=False, separators=(",", ":"))  # as Starlette's JSONResponse
+    encoded = [json.dumps(choice, **dumps) for choice in body.pop("choices")]
+    head = json.dumps(body, **dumps)
+    return f'{head[:-1]},"choices":[{",".join(encoded)}]}}'.encode()
 
 
 def chunk(

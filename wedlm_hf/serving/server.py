@@ -62,6 +62,7 @@ class ServingServer(uvicorn.Server):
             port=port,
             log_level=log_level,
             http=self.connections.protocol,
+            ws="none",  # no WebSocket routes; an upgraded connection would leave the guard's count
             backlog=self.connections.backlog,
             lifespan="on",
             # a backstop only: the drain above ends every response within shutdown_timeout

@@ -178,19 +178,19 @@ def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Gram
         if key in _compiled:
             _compiled.move_to_end(key)
             found = _compiled[key]
-            if isinstance(found, ValueError):  # refused before: the same words, without compiling again
-                raise ValueError(str(found))
+            if isinstance(found, str):  # refused before: the same words, without compiling again
+                raise ValueError(found)
             return found
     try:
         grammar = _compile(llguidance, ll_tokenizer, vocab_size, kind, text)
     except ValueError as error:
-        grammar = error
+        grammar = str(error)  # the words only: the exception's traceback would keep its frames alive
     with _lock:
         _compiled[key] = grammar
         if len(_compiled) > CACHE_SIZE:
             _compiled.popitem(last=False)
-    if isinstance(grammar, ValueError):
-        raise grammar
+    if isinstance(grammar, str):
+        raise ValueError(grammar)
     return grammar
 
 
