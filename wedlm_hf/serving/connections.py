@@ -190,7 +190,8 @@ def _protocol_for(guard: ConnectionGuard) -> type:
 def _response(status: int, message: str, code: str) -> bytes:
     """A whole HTTP/1.1 response with an OpenAI-style error body, written before (or instead of) reading a
     request, so outside h11's state machine."""
-    body = json.dumps({"error": {"message": message, "type": "server_unavailable", "param": None, "code": code}})
+    kind = "invalid_request_error" if status < 500 else "server_unavailable"  # as APIError's types
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
     reason = {408: "Request Timeout", 503: "Service Unavailable"}[status]
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"

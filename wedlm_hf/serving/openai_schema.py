@@ -7,7 +7,7 @@ fields (`wedlm_window_size`, ...), which the official client sends with `extra_b
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..modeling import WeDLMDecodingConfig, WeDLMOptionError
 
@@ -292,9 +292,9 @@ def wedlm_options(body: dict, defaults: WeDLMDecodingConfig, max_window: int | N
     """The body's `wedlm_*` fields over `defaults`, checked by the core (a 400 naming the field, in the words
     `generate` uses), then against this server's own limits: W at most `max_window`, the context n-gram at most
     `MAX_CONTEXT_NGRAM`."""
-    given = {key[len("wedlm_") :]: body[key] for key in WEDLM_FIELDS if key in body}
+    given = {key: body[key] for key in WEDLM_FIELDS if key in body}
     try:
-        options = replace(defaults, **given)
+        options = WeDLMDecodingConfig.from_values(defaults.as_kwargs(), given)
     except WeDLMOptionError as error:
         raise invalid(error.key, str(error)) from None
     if max_window is not None and options.window_size > max_window:
