@@ -74,13 +74,11 @@ def char_tokenizer():
 def count_unfed_ends(monkeypatch) -> list[int]:
     """Spies on `DecodingRow.unfed_end` (behaviour unchanged): the list of its answers, 1 for each row whose last
     draft went unfed."""
-    from wedlm_hf.modeling import streaming_decoder
+    from wedlm_hf.modeling.decoding_state import DecodingRow
 
     answers = []
-    decide = streaming_decoder.DecodingRow.unfed_end
-    monkeypatch.setattr(
-        streaming_decoder.DecodingRow, "unfed_end", lambda row: answers.append(decide(row)) or answers[-1]
-    )
+    decide = DecodingRow.unfed_end
+    monkeypatch.setattr(DecodingRow, "unfed_end", lambda row: answers.append(decide(row)) or answers[-1])
     return answers
 
 

@@ -61,6 +61,21 @@ def test_core_imports_only_torch_transformers_and_its_neighbours(module):
             assert top in stdlib or top in ("torch", "transformers"), f"{module} imports {target}"
 
 
+CORE_FILE_LINES, CORE_FUNCTION_LINES = 500, 80
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if wing_of(m) == CORE])
+def test_core_files_and_functions_stay_readable(module):
+    """A core file holds one idea in at most 500 lines, a function at most 80 (docstring included)."""
+    path = MODULES[module]
+    source = path.read_text()
+    assert len(source.splitlines()) <= CORE_FILE_LINES, f"{path.name}: split it by idea"
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= CORE_FUNCTION_LINES, f"{path.name}: {node.name} has {length} lines"
+
+
 def test_remote_code_is_the_core_folder():
     from wedlm_hf.hub.export import remote_code_files
 

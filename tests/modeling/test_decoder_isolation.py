@@ -6,7 +6,8 @@ import torch
 from conftest import EOS_ID, MASK_ID, build_model
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
-from wedlm_hf.modeling.streaming_decoder import DecodingSettings, StreamingDecoder
+from wedlm_hf.modeling.decoding_state import DecodingSettings
+from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
 from wedlm_hf.modeling.window_filling import FillSampler
 
 GREEDY = FillSampler(False)

@@ -5,8 +5,9 @@ import pytest
 import torch
 from conftest import MASK_ID, prompts
 
+from wedlm_hf.modeling.decoding_state import DecodingSettings
 from wedlm_hf.modeling.slot_cache import SlotCache
-from wedlm_hf.modeling.streaming_decoder import DecodingSettings, StreamingDecoder
+from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
 
 
 def decode(model, rows, settings, prefixes, static):

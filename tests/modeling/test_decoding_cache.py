@@ -8,8 +8,8 @@ from conftest import EOS_ID, prompts
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 
-from wedlm_hf.modeling import ragged_cache
-from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
+from wedlm_hf.modeling import ragged_cache, transformers_versions
+from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 # create_causal_mask's name for the cache (renamed in transformers 5.24, as generate's was)
 MASK_CACHE_KWARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
@@ -67,6 +67,7 @@ def test_dead_slots_stay_bounded(model64, monkeypatch):
     original = ragged_cache.RaggedCache.compact_if_needed
 
     def watch(self):
+        assert self.counts == self.valid.sum(1).tolist()  # the host's count of valid columns is the cache's
         result = original(self)
         seen.append((self.dead_columns(), self.max_dead, result))
         return result
@@ -184,17 +185,17 @@ def test_leaving_rows_of_a_batch_take_copies(model64):
 def test_forward_arguments_follow_the_forward_in_use(model64, monkeypatch):
     """The cache argument's name and `logits_to_keep` are read from the forward the model runs now (a compiled or
     wrapped forward swapped onto the instance is read anew), once per forward function."""
-    assert ragged_cache.forward_arguments(model64) == (CACHE_KWARG, True)
+    assert transformers_versions.forward_arguments(model64) == (CACHE_KWARG, True)
     reads = []
     signature = inspect.signature
-    monkeypatch.setattr(ragged_cache.inspect, "signature", lambda f: reads.append(f) or signature(f))
+    monkeypatch.setattr(transformers_versions.inspect, "signature", lambda f: reads.append(f) or signature(f))
 
     def wrapped(input_ids=None, past_key_values=None, **kwargs):
         return type(model64).forward(model64, input_ids=input_ids, **{CACHE_KWARG: past_key_values}, **kwargs)
 
     monkeypatch.setattr(model64, "forward", wrapped)
-    assert ragged_cache.forward_arguments(model64) == ("past_key_values", False)
-    assert ragged_cache.forward_arguments(model64) == ("past_key_values", False)
+    assert transformers_versions.forward_arguments(model64) == ("past_key_values", False)
+    assert transformers_versions.forward_arguments(model64) == ("past_key_values", False)
     assert len(reads) == 1
     monkeypatch.undo()
-    assert ragged_cache.forward_arguments(model64) == (CACHE_KWARG, True)
+    assert transformers_versions.forward_arguments(model64) == (CACHE_KWARG, True)

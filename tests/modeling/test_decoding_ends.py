@@ -21,7 +21,7 @@ def decode(model, ids, mask, **settings):
 
 
 def without_ending_commit(monkeypatch):
-    monkeypatch.setattr(streaming_decoder, "_commit_ending", lambda row: 0)
+    monkeypatch.setattr(streaming_decoder, "commit_ending", lambda row: 0)
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_a_lossless_rows_last_draft_is_checked_without_being_fed(shipped_model, 
     """Where a run that commits whole ends the text, its last draft is verified by the row before it and never fed:
     the same tokens in the same forwards, one row fewer for each row that ended so."""
     from wedlm_hf.data import EVAL_TASK_SEED, task_items
-    from wedlm_hf.modeling.streaming_decoder import DecodingRow
+    from wedlm_hf.modeling.decoding_state import DecodingRow
 
     model, tokenizer = shipped_model
     tokenizer.padding_side = "left"

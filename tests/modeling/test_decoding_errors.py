@@ -13,7 +13,7 @@ from transformers import (
     TopKLogitsWarper,
 )
 
-from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
+from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 
 def wedlm(model, ids, **kwargs):

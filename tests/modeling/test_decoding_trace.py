@@ -4,7 +4,7 @@ import torch
 from conftest import MASK_ID, tiny_config
 
 from wedlm_hf import WeDLMForCausalLM
-from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
+from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 
 class ScriptedModel(WeDLMForCausalLM):

@@ -6,7 +6,7 @@ from conftest import EOS_ID, MASK_ID, build_model, count_unfed_ends, prompts, ti
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList, TextStreamer
 
 from wedlm_hf import WeDLMForCausalLM
-from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
+from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 FLAVOURS = {"qwen3": dict(qk_norm=True, attention_bias=False), "qwen2.5": dict(qk_norm=False, attention_bias=True)}
 

@@ -1,12 +1,13 @@
 """Lossless mode's window: which drafts and masks a row feeds, and how the model's draft window adapts."""
 
-import torch
 from conftest import EOS_ID
 
+from wedlm_hf.modeling.commit_rules import verify_and_commit
+from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
 from wedlm_hf.modeling.draft_verification import ArPredictions
 from wedlm_hf.modeling.draft_windows import COPY_TOKENS, GROWTH, JOIN_MASKS, PATIENCE, PROBE, ContextWindow, DraftWindow
-from wedlm_hf.modeling.streaming_decoder import DecodingRow, DecodingSettings, Fill, StreamingDecoder
 from wedlm_hf.modeling.window_filling import FillSampler
+from wedlm_hf.modeling.window_refill import refill
 
 
 def lossless_row(window: list, prefilled: bool = True, **settings) -> DecodingRow:
@@ -25,12 +26,12 @@ def test_nothing_is_fed_past_a_drafted_stop_token():
     added, however large the model's window."""
     row = lossless_row([Fill(9, final=True), Fill(10), Fill(EOS_ID), Fill(11), None, Fill(12)])
     row.model_window.size = 16
-    row.refill()
+    refill(row)
     assert tokens(row) == [9, 10, EOS_ID]
     # The same with a mask before the stop token: it stays (the stop token may still commit after it).
     row = lossless_row([Fill(9, final=True), None, Fill(EOS_ID), None, None])
     row.model_window.size = 16
-    row.refill()
+    refill(row)
     assert tokens(row) == [9, None, EOS_ID]
 
 
@@ -58,16 +59,16 @@ def test_a_drafted_stop_token_does_not_keep_drafts_past_the_adapted_window():
     feeds its final token alone."""
     row = lossless_row([Fill(9, final=True), None, Fill(10), Fill(EOS_ID)])
     row.model_window.size = 0
-    row.refill()
+    refill(row)
     assert tokens(row) == [9]
 
 
 def test_a_joining_row_feeds_join_masks_beside_its_prompt():
     row = lossless_row([], prefilled=False)
-    row.refill()
+    refill(row)
     assert tokens(row) == [None] * JOIN_MASKS
     capped = lossless_row([], prefilled=False, window_size=2)  # W caps it
-    capped.refill()
+    refill(capped)
     assert tokens(capped) == [None, None]
 
 
@@ -89,48 +90,22 @@ def test_a_joining_rows_drafts_size_the_window_of_its_first_check():
     would make it (GROWTH times their number, capped by W), unless the model's window rests."""
     joined = [Fill(4, final=True), Fill(10), Fill(11), Fill(12)]
     row = lossless_row(joined, context_drafts=False)
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 10, 11, 12] + [None] * 3 * GROWTH
     capped = lossless_row(joined, context_drafts=False, window_size=8)
-    capped.refill()
+    refill(capped)
     assert tokens(capped) == [4, 10, 11, 12] + [None] * 8
     none = lossless_row([Fill(4, final=True)], context_drafts=False)  # no fills: the model window's own size
-    none.refill()
+    refill(none)
     assert tokens(none) == [4, None, None]
     checked = lossless_row(joined, context_drafts=False)  # after a check the model window decides alone
     checked.model_window.held = True
-    checked.refill()
+    refill(checked)
     assert tokens(checked) == [4, 10, 11, 12, None, None]
     resting = lossless_row(joined, context_drafts=False)
     resting.model_window.size = 0
-    resting.refill()
+    refill(resting)
     assert tokens(resting) == [4, 10, 11, 12]
-
-
-class _Decoder(StreamingDecoder):
-    def __init__(self):  # only `_fill` is used: no model, no cache
-        self.mask_token_id = 1
-
-
-def test_a_lossless_row_always_drafts_its_leftmost_mask():
-    """Only a draft right after the leading run can be verified by the next forward: lossless mode fills the
-    leftmost mask even where the model is unsure (default mode keeps the entropy rule alone)."""
-    vocab = 8
-    logits = torch.zeros((2, 3, vocab))  # slots 1, 2, 3 (masks are right-aligned): uniform, uniform, confident
-    logits[:, 2, 4] = 50.0
-    rows = []
-    for lossless in (True, False):
-        settings = DecodingSettings(max_new_tokens=50, lossless=lossless, window_size=4, entropy_threshold=0.4)
-        row = DecodingRow(
-            index=0, prompt=[5, 6, 7], settings=settings, window=[Fill(2, final=lossless), None, None, None]
-        )
-        row.prompt_fed = 3
-        rows.append(row)
-    feeds = [([], [row.committed + 1, row.committed + 2, row.committed + 3]) for row in rows]
-    _Decoder()._fill(rows, feeds, logits)
-    lossless_fills, default_fills = ([slot is not None for slot in row.window[1:]] for row in rows)
-    assert lossless_fills == [True, False, True]
-    assert default_fills == [False, False, True]
 
 
 def test_context_drafts_rest_after_a_streak_of_failed_copies():
@@ -188,13 +163,12 @@ def test_the_model_source_rests_on_while_copies_are_being_tried():
         row = lossless_row([Fill(9, final=True), Fill(10, source="context")], context_drafts=context_drafts)
         row.model_window = DraftWindow(smallest=2, size=0, wait=3)
         row.context_window.tried = True
-        decoder = _Decoder()
         for step in range(3):
             if copies_rest:
                 row.context_window.size, row.context_window.wait = 0, 100
                 row.window = row.window[:1]  # a resting source copies nothing
             run = row.leading_run()
-            assert decoder._verify_and_commit(row, run, ArPredictions(FillSampler(), [10, 11 + step])) == run
+            assert verify_and_commit(row, run, ArPredictions(FillSampler(), [10, 11 + step])) == run
         assert row.model_window.size == (0 if context_drafts and not copies_rest else 2)
 
 
@@ -212,17 +186,17 @@ def copying_row(text: list, window: list, held: bool | None, resting: bool = Fal
 def test_while_the_model_drafts_hold_only_a_long_match_is_copied():
     short = [1, 2, 3, 4, 9, 3]  # with the final token 4: "3 4" occurred before, a match of two tokens
     row = copying_row(short, [Fill(4, final=True)], held=True)
-    row.refill()
+    refill(row)
     assert tokens(row) == [4]
     row = copying_row(short, [Fill(4, final=True)], held=False)
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 9, 3]  # what followed "3 4", up to the end of the committed text
     long = [20, 21, 22, 23, 24, 25, 26, 27, 30, 20, 21, 22, 23, 24, 25]
     row = copying_row(long, [Fill(26, final=True)], held=True)
-    row.refill()
+    refill(row)
     assert tokens(row) == [26, 27, 30, 20, 21, 22, 23, 24, 25]  # seven tokens agree ("20 ... 26")
     row = copying_row(long, [Fill(26, final=True)], held=True, resting=True)  # a resting source copies nothing
-    row.refill()
+    refill(row)
     assert tokens(row) == [26]
 
 
@@ -234,21 +208,21 @@ def test_after_a_joining_rows_unchecked_drafts_only_a_match_through_them_is_copi
     one = [1, 2, 3, 9, 8, 7]  # the draft 3 occurred before, after 2, not after the final token 4
     row = copying_row(one, [Fill(4, final=True), Fill(3)], held=None)
     row.model_window.size = 2
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 3] + [None] * GROWTH  # the model's masks instead
     tail = [1, 3, 9, 8, 7, 2]  # the drafts "3 9" occurred before (two tokens agree), but after 1, not the final 4
     row = copying_row(tail, [Fill(4, final=True), Fill(3), Fill(9)], held=None)
     row.model_window.size = 2
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 3, 9] + [None] * 2 * GROWTH
     whole = [1, 4, 3, 9, 8, 7]  # "4 3 9" occurred before: the final token and both drafts agree
     row = copying_row(whole, [Fill(4, final=True), Fill(3), Fill(9)], held=None)
     row.model_window.size = 2
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 3, 9, 8, 7]
     assert [slot.source for slot in row.window[1:]] == ["model", "model", "context", "context"]
     row = copying_row([2, 4, 9, 8, 7], [Fill(4, final=True)], held=None)  # no unchecked drafts: one token will do
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 9, 8, 7]
 
 
@@ -258,24 +232,24 @@ def test_once_the_model_drafts_failed_a_copy_takes_their_place():
     text = [1, 2, 3, 4, 9, 8, 7, 3]  # with the final token 4: "3 4" occurred before, followed by "9 8 7 3"
     row = copying_row(text, [Fill(4, final=True), Fill(40), Fill(41), None], held=False)
     row.model_window.size = 2
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 9, 8, 7, 3]  # no masks after a copy
     assert [slot.source for slot in row.window[1:]] == ["context"] * 4
     row = copying_row(text, [Fill(4, final=True), Fill(9), Fill(8), None], held=None)
     row.model_window.size = 2
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 9, 8, 7, 3]  # "3 4 9 8" matched through the drafts: the copy goes on after them
     assert [slot.source for slot in row.window[1:]] == ["model", "model", "context", "context"]
     # A grammar's forced tokens are no guess: the copy goes on after them.
     row = copying_row(text, [Fill(4, final=True), Fill(9, source="forced"), Fill(41), None], held=False)
     row.model_window.size = 2
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 9, 8, 7, 3]
     assert [slot.source for slot in row.window[1:]] == ["forced", "context", "context", "context"]
     # No copy to make: the model's drafts stay, with the masks of its window.
     row = copying_row([1, 2, 5], [Fill(4, final=True), Fill(40), None], held=False)
     row.model_window.size = 2
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 40, None, None]
 
 
@@ -283,7 +257,7 @@ def test_a_copy_is_at_most_copy_tokens_long():
     text = list(range(10, 40))  # the final token 10 occurred before, followed by 29 tokens
     row = copying_row(text, [Fill(10, final=True)], held=False)
     row.settings.window_size = 32
-    row.refill()
+    refill(row)
     assert tokens(row) == [10] + list(range(11, 11 + COPY_TOKENS))
 
 
@@ -315,12 +289,12 @@ def test_under_a_grammar_a_copy_ends_where_the_grammar_rejects_it():
     text = [1, 2, 3, 4, 9, 8, 7, 3]  # with the final token 4: "3 4" occurred before, followed by "9 8 7 3"
     row = copying_row(text, [Fill(4, final=True)], held=False)
     row.grammar = PrefixGrammar([4, 9, 8, 5])
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 9, 8]
     assert row.grammar.at == 0  # the grammar's state is still the committed text's
     row = copying_row(text, [Fill(4, final=True)], held=False)
     row.grammar = PrefixGrammar([4, 6])  # it rejects the copy's first token: no copy
-    row.refill()
+    refill(row)
     assert tokens(row) == [4]
 
 
@@ -331,11 +305,11 @@ def test_after_a_grammars_fixed_string_a_row_feeds_a_mask_to_draft_past_ars_next
     row = lossless_row(forced, context_drafts=False)
     row.grammar = PrefixGrammar([4, 9, 8, 5, 6])
     row.model_window.size = 0
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 9, 8, None, None]
     drafted = [Fill(4, final=True), Fill(9, source="forced"), Fill(8)]  # the run ends with a draft: it rests
     row = lossless_row(drafted, context_drafts=False)
     row.grammar = PrefixGrammar([4, 9, 8, 5, 6])
     row.model_window.size = 0
-    row.refill()
+    refill(row)
     assert tokens(row) == [4, 9, 8]

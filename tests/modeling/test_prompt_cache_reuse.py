@@ -10,7 +10,7 @@ from conftest import EOS_ID, prompts
 from transformers import DynamicCache
 
 from wedlm_hf.modeling import ragged_cache, slot_cache
-from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
+from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 COMMON = dict(
     strategy="wedlm",
@@ -39,9 +39,9 @@ def fed(monkeypatch):
     calls = []
     for cls in (ragged_cache.RaggedCache, slot_cache.SlotCache):
 
-        def record(self, input_ids, position_ids, new_valid, columns, prefill=False, _original=cls.forward):
+        def record(self, input_ids, position_ids, new_valid, columns, *args, _original=cls.forward):
             calls.append([p[v].tolist() for p, v in zip(position_ids, new_valid)])
-            return _original(self, input_ids, position_ids, new_valid, columns, prefill)
+            return _original(self, input_ids, position_ids, new_valid, columns, *args)
 
         monkeypatch.setattr(cls, "forward", record)
     return calls

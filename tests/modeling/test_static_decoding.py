@@ -20,7 +20,7 @@ from transformers import (
 
 from wedlm_hf.hub.custom_generate import export_custom_generate
 from wedlm_hf.modeling import slot_cache
-from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
+from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 COMMON = dict(
     strategy="wedlm",
@@ -151,11 +151,11 @@ def test_feeds_take_a_handful_of_shapes(monkeypatch):
     shapes = set()
     original = slot_cache.SlotCache.forward
 
-    def record(self, input_ids, position_ids, new_valid, columns, prefill=False):
+    def record(self, input_ids, position_ids, new_valid, columns, prefill=False, counts=None):
         fed = slot_cache.bucket(max(self.slot_of) + 1, self.slots)
         keep = slot_cache.bucket(len(columns), input_ids.shape[1])
         shapes.add((prefill, fed, input_ids.shape[1], keep))
-        return original(self, input_ids, position_ids, new_valid, columns, prefill)
+        return original(self, input_ids, position_ids, new_valid, columns, prefill, counts)
 
     monkeypatch.setattr(slot_cache.SlotCache, "forward", record)
     ids, mask = prompts(3)

@@ -16,7 +16,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 from transformers import logging as hf_logging
 
 from wedlm_hf import WeDLMForCausalLM, generate_wedlm
-from wedlm_hf.modeling.ragged_cache import CACHE_KWARG
+from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 OLD = "cache" if CACHE_KWARG == "past_key_values" else "past_key_values"
 SHAPE = {

@@ -16,8 +16,8 @@ from live_server import MODEL_ID, LiveServer, engine
 from transformers import CompileConfig
 
 from wedlm_hf.cli import console
+from wedlm_hf.modeling.decoding_state import DecodingSettings
 from wedlm_hf.modeling.slot_cache import SlotCache
-from wedlm_hf.modeling.streaming_decoder import DecodingSettings
 from wedlm_hf.modeling.window_filling import FillSampler
 from wedlm_hf.serving import server as server_module
 from wedlm_hf.serving.engine import ServingEngine, compile_config_for

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import EOS_ID, MASK_ID, build_model
 
-from wedlm_hf.modeling.streaming_decoder import DecodingSettings
+from wedlm_hf.modeling.decoding_state import DecodingSettings
 from wedlm_hf.modeling.window_filling import FillSampler
 from wedlm_hf.serving.incremental_text import IncrementalText
 from wedlm_hf.serving.scheduler import Choice, Delta, Failure, Finish, Job, QueueFull, Scheduler, ShuttingDown

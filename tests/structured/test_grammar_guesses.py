@@ -3,7 +3,8 @@
 import torch
 from conftest import EOS_ID
 
-from wedlm_hf.modeling.streaming_decoder import DecodingRow, DecodingSettings, Fill, _commit_valid, _constrain_window
+from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
+from wedlm_hf.modeling.grammar_hook import commit_valid, constrain_window
 from wedlm_hf.modeling.window_filling import FillSampler
 
 VOCAB = 16
@@ -51,10 +52,10 @@ def row_with(window, ar_choice: int) -> DecodingRow:
 def test_a_guess_commits_where_ar_agrees_and_ends_the_commit_where_it_does_not():
     window = [Fill(10, source="constrained"), Fill(11, source="constrained", guess=True), Fill(12), None]
     row = row_with(window, ar_choice=11)
-    assert _commit_valid(row, 3) == (3, False)
+    assert commit_valid(row, 3) == (3, False)
     assert row.generated == [10, 11, 12]
     row = row_with(window, ar_choice=12)
-    assert _commit_valid(row, 3) == (1, True)
+    assert commit_valid(row, 3) == (1, True)
     assert row.generated == [10] and row.window == [None, None, None]  # AR's own choice fills slot 0 next
 
 
@@ -71,7 +72,7 @@ def test_a_sampled_guess_leaves_its_slot_distributed_as_ar_samples_it():
         row = row_with([Fill(10, source="constrained"), Fill(11, source="constrained", guess=True), Fill(12)], 0)
         row.settings.sampler = FillSampler(do_sample=True, generator=generator)
         row.step_logits[0] = logits
-        count, failed = _commit_valid(row, 3)
+        count, failed = commit_valid(row, 3)
         if failed:
             assert count == 1 and row.window[0].final and row.window[0].token in (10, 12)
             assert row.window[1:] == [None]  # the fill after the guess saw it
@@ -91,5 +92,5 @@ def test_the_draw_in_a_failed_guess_place_is_kept_by_the_next_walk():
     for final, expected in ((True, 11), (False, 10)):
         row = row_with([Fill(11, final=final, source="constrained"), None], ar_choice=10)
         row.next_logits[10] = 3.0  # AR's restricted choice after the committed text
-        _constrain_window(row, {})
+        constrain_window(row, {})
         assert row.window[0].token == expected

@@ -107,10 +107,10 @@ def records_at_w4(model, tokenizer, inputs, **sampling):
 
 def spy_on_guesses(monkeypatch) -> list[tuple[int, bool]]:
     """From now on, each default-mode commit under a grammar appends (guesses checked, whether one failed)."""
-    from wedlm_hf.modeling import streaming_decoder
+    from wedlm_hf.modeling import commit_rules
 
     checked = []
-    commit_valid = streaming_decoder._commit_valid
+    commit_valid = commit_rules.commit_valid
 
     def spy(row, run):
         guesses = [i for i in range(1, run) if row.window[i].guess]
@@ -118,7 +118,7 @@ def spy_on_guesses(monkeypatch) -> list[tuple[int, bool]]:
         checked.append((len(guesses), failed))
         return count, failed
 
-    monkeypatch.setattr(streaming_decoder, "_commit_valid", spy)
+    monkeypatch.setattr(commit_rules, "commit_valid", spy)
     return checked
 
 
@@ -126,7 +126,7 @@ def test_guesses_save_forwards(shipped, monkeypatch):
     """Greedy default mode places an unconfident choice that a fixed string follows (a separator, a one-token value)
     as a guess, checked against AR's own restricted choice by the forward that feeds it: fewer forwards, and every
     output still validates."""
-    from wedlm_hf.modeling import streaming_decoder
+    from wedlm_hf.modeling import grammar_hook
 
     model, tokenizer = shipped
     inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
@@ -140,14 +140,14 @@ def test_guesses_save_forwards(shipped, monkeypatch):
     checked = spy_on_guesses(monkeypatch)
     with_guesses = decode()
     assert sum(n for n, _ in checked) > sum(failed for _, failed in checked)  # guesses were made, and most held
-    monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
+    monkeypatch.setattr(grammar_hook, "worth_a_guess", lambda *args: False)
     assert with_guesses < decode()
 
 
 def test_sampled_rows_guess_too(shipped, monkeypatch):
     """Sampled rows place guesses as greedy rows do (each kept with AR's probability of it, the unit tests check the
     rule): fewer forwards over a few seeds, and every output still validates."""
-    from wedlm_hf.modeling import streaming_decoder
+    from wedlm_hf.modeling import grammar_hook
 
     model, tokenizer = shipped
     inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
@@ -165,13 +165,13 @@ def test_sampled_rows_guess_too(shipped, monkeypatch):
     checked = spy_on_guesses(monkeypatch)
     with_guesses = forwards()
     assert sum(n for n, _ in checked) > sum(failed for _, failed in checked) > 0  # guesses made; most held, not all
-    monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
+    monkeypatch.setattr(grammar_hook, "worth_a_guess", lambda *args: False)
     assert with_guesses < forwards()
 
 
 def test_a_step_whose_guess_failed_keeps_none_of_its_mask_fills(shipped, monkeypatch):
     """Every mask fed with a guess saw it: when the guess fails, no fill drawn from those masks stays."""
-    from wedlm_hf.modeling import streaming_decoder
+    from wedlm_hf.modeling import commit_rules
 
     model, tokenizer = shipped
     inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
@@ -181,8 +181,8 @@ def test_a_step_whose_guess_failed_keeps_none_of_its_mask_fills(shipped, monkeyp
         return sum(s.tokens - s.forced_tokens - s.constrained_tokens for s in out.wedlm_stats)
 
     assert model_fills() > 0  # the model's own fills commit in this run
-    commit_valid = streaming_decoder._commit_valid
-    monkeypatch.setattr(streaming_decoder, "_commit_valid", lambda row, run: (commit_valid(row, run)[0], True))
+    commit_valid = commit_rules.commit_valid
+    monkeypatch.setattr(commit_rules, "commit_valid", lambda row, run: (commit_valid(row, run)[0], True))
     assert model_fills() == 0
 
 
@@ -190,7 +190,7 @@ def test_lossless_guesses_save_forwards_and_stay_ar_with_the_processor(shipped, 
     """In lossless mode a guess is a draft: the output stays AR + processor's, in fewer forwards."""
     from wedlm_hf.evaluation.structured_benchmark import PROMPTS as RECORD_PROMPTS
     from wedlm_hf.evaluation.structured_benchmark import SCHEMAS as RECORDS
-    from wedlm_hf.modeling import streaming_decoder
+    from wedlm_hf.modeling import grammar_hook
 
     model, tokenizer = shipped
     schemas = list(RECORDS.values())
@@ -213,14 +213,14 @@ def test_lossless_guesses_save_forwards_and_stay_ar_with_the_processor(shipped, 
         return sum(s.forwards for s in out.wedlm_stats)
 
     with_guesses = forwards()
-    monkeypatch.setattr(streaming_decoder, "_worth_a_guess", lambda *args: False)
+    monkeypatch.setattr(grammar_hook, "worth_a_guess", lambda *args: False)
     assert with_guesses < forwards()
 
 
 def test_a_grammar_row_computes_only_the_logits_its_commit_reads(shipped, monkeypatch):
     """Default mode under a grammar reads one AR row per step (the slot after the commit) and the row before each
     guess: the other rows of a run (a forced key, say) get no logits, and the output is the same as with all."""
-    from wedlm_hf.modeling import streaming_decoder
+    from wedlm_hf.modeling import step_feed
 
     model, tokenizer = shipped
     inputs = tokenizer(PROMPTS, return_tensors="pt", padding=True)
@@ -237,7 +237,7 @@ def test_a_grammar_row_computes_only_the_logits_its_commit_reads(shipped, monkey
 
     try:
         few = [decode(), decode(do_sample=True, temperature=0.7)]
-        monkeypatch.setattr(streaming_decoder, "_logit_slots", lambda row, run: list(range(run)))
+        monkeypatch.setattr(step_feed, "logit_slots", lambda row, run: list(range(run)))
         every = [decode(), decode(do_sample=True, temperature=0.7)]
     finally:
         hook.remove()
@@ -270,7 +270,7 @@ def test_a_closing_string_forced_to_the_stop_token_needs_no_forward(shipped, mon
         return out.sequences, [s.forwards for s in out.wedlm_stats]
 
     sequences, forwards = decode()
-    monkeypatch.setattr(streaming_decoder, "_commit_ending", lambda row: 0)
+    monkeypatch.setattr(streaming_decoder, "commit_ending", lambda row: 0)
     sequences_then, forwards_then = decode()
     assert torch.equal(sequences, sequences_then)
     saved = [then - now for now, then in zip(forwards, forwards_then)]

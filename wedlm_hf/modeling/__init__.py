@@ -15,9 +15,9 @@ transformers loads them without wedlm-hf. Wings import the core; the core import
 
 from .configuration_wedlm import WeDLMConfig
 from .decoding_config import WeDLMDecodingConfig, WeDLMOptionError
+from .decoding_state import WeDLMStats
 from .generation_wedlm import STRATEGIES, WEDLM_GENERATION_DEFAULTS, WeDLMGenerateOutput, generate_wedlm
 from .modeling_wedlm import WeDLMCausalLMOutput, WeDLMForCausalLM, WeDLMModel, WeDLMPreTrainedModel
-from .streaming_decoder import WeDLMStats
 
 __all__ = [
     "STRATEGIES",

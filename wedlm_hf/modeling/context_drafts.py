@@ -13,6 +13,10 @@ is its own token k - d. Otherwise a copy ends where the committed text does, as 
 the drafts just placed, which only a periodic text repeats.
 """
 
+from .decoding_state import OWN_SOURCES, Fill
+from .draft_windows import COPY_TOKENS
+from .grammar_commit import valid_prefix
+
 MAX_CANDIDATES = 64  # occurrences of the suffix's first token checked per n-gram size
 LONG_MATCH = 6  # tokens of agreement (the suffix and those before it) that make a match long
 
@@ -72,3 +76,52 @@ def _copy(sequence: list[int], source: int, count: int, committed: int) -> list[
     while len(copied) < count:
         copied.append(copied[len(copied) - offset])
     return copied
+
+
+def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False) -> bool:
+    """Fills the masks right after the leading run with the tokens that followed the latest earlier occurrence
+    of the text's suffix (at most COPY_TOKENS and W of them, within the token budget, up to a stop token, and
+    under a grammar up to the first token it rejects); they are verified with the run in the next forward;
+    nothing while the context source rests, nor for a match shorter than `shortest` tokens (LONG_MATCH: long).
+    A continuation that contradicts one of the model's own fills on its way is dropped whole: the model is
+    confident there, and a rejected context draft would discard its fills. With `replace_model_drafts` the copy
+    continues the run before the model's first draft (the final token, and tokens a grammar forces) and, if
+    there is one, takes the place of everything after it. Returns whether a copy was placed."""
+    run = row.leading_run()
+    if replace_model_drafts:  # the run up to the model's first draft (a grammar's forced tokens stay)
+        run = next((i for i in range(1, run) if row.window[i].source in OWN_SOURCES), run)
+    pending = [slot.token for slot in row.window[:run]]
+    stop_ids = row.settings.stop_ids
+    if not run or any(token in stop_ids for token in pending):
+        return False
+    committed = row.prompt + row.generated
+    if row.context is None:
+        row.context = ContextIndex()
+    row.context.extend(committed[row.context.length :])
+    room = row.settings.max_new_tokens - len(row.generated) - run
+    limit = min(row.settings.window_size, COPY_TOKENS, room)
+    drafts, length = row.context.lookup(committed + pending, row.settings.context_ngram, limit)
+    if length < shortest:
+        return False
+    del drafts[row.context_window.size :]  # nothing while the source rests
+    for i, token in enumerate(drafts):
+        if token in stop_ids:
+            del drafts[i + 1 :]
+            break
+    if row.grammar is not None:  # a draft the grammar rejects is one AR under it never chooses
+        del drafts[max(0, valid_prefix(row.grammar, pending + drafts, stop_ids) - run) :]
+    if not drafts:
+        return False
+    window = row.window
+    if replace_model_drafts:
+        del window[run:]
+    model_fills = [(window[run + i], token) for i, token in enumerate(drafts) if run + i < len(window)]
+    if any(fill is not None and fill.token != token for fill, token in model_fills):
+        return False
+    for i, token in enumerate(drafts):
+        slot = run + i
+        if slot == len(window):
+            window.append(Fill(token, source="context"))
+        elif window[slot] is None:
+            window[slot] = Fill(token, source="context")
+    return True

@@ -7,7 +7,9 @@ probability min(1, p/q) and otherwise draws from the normalised max(0, p - q) (s
 output is distributed exactly as plain AR decoding with the same warpers (docs/algorithm.md section 6).
 """
 
-from .window_filling import FillSampler
+import torch
+
+from .window_filling import FillSampler, greedy
 
 
 class ArPredictions:
@@ -55,3 +57,35 @@ class ArPredictions:
         if float(residual.sum()) <= 0:  # p == q up to rounding: rejection had probability ~0; p is then exact
             residual = p
         return int(self.sampler.draw((residual / residual.sum())[None])[0])
+
+
+def ar_predictions(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:
+    """`ArPredictions` for every lossless row, computed in one pass per sampler (argmax, or the warped
+    distributions with one fresh draw and one uniform per position, used only where needed)."""
+    predictions, groups, top = {}, {}, None
+    for b in ar_rows:
+        groups.setdefault(id(rows[b].settings.sampler), []).append(b)
+    for members in groups.values():
+        sampler = rows[members[0]].settings.sampler
+        if sampler.do_sample:
+            sizes = [len(ar_rows[b]) for b in members]
+            block = logits[[b for b in members for _ in ar_rows[b]], [c for b in members for c in ar_rows[b]]]
+            probs = sampler.probabilities(block)
+            fresh = sampler.draw(probs).tolist()
+            uniforms = torch.rand(len(fresh), generator=sampler.generator, device=probs.device).tolist()
+            parts = zip(probs.split(sizes), _split(fresh, sizes), _split(uniforms, sizes))
+            for b, (p, f, u) in zip(members, parts):
+                predictions[b] = ArPredictions(sampler, f, p, u)
+        else:  # the argmax of every column at once costs less than gathering the rows first
+            top = greedy(logits).tolist() if top is None else top
+            for b in members:
+                predictions[b] = ArPredictions(sampler, [top[b][c] for c in ar_rows[b]])
+    return predictions
+
+
+def _split(values: list, sizes: list[int]) -> list[list]:
+    out, start = [], 0
+    for n in sizes:
+        out.append(values[start : start + n])
+        start += n
+    return out

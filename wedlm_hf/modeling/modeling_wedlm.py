@@ -33,7 +33,7 @@ from .dual_stream_loss import additive_attention_mask, dual_stream_loss
 from .generation_wedlm import STRATEGIES, ensure_wedlm_generation_defaults, generate_wedlm, resolve_strategy
 from .grammar_commit import with_grammar
 from .loading_checks import check_attention_weights, check_checkpoint_files, unreadable_weights
-from .ragged_cache import CACHE_KWARG
+from .transformers_versions import CACHE_KWARG
 
 
 def _cache_in_signature(forward):

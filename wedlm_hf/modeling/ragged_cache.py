@@ -7,44 +7,15 @@ are marked invalid rather than removed, and whole columns that no row keeps are 
 Positions are not stored: RoPE is already applied to the cached keys, so columns can move freely.
 """
 
-import inspect
-import weakref
-
 import torch
-from transformers import DynamicCache, GenerationMixin
+from transformers import DynamicCache
 
-# transformers' name for the KV cache argument: `cache` from 5.24 on, `past_key_values` before.
-CACHE_KWARG = (
-    "cache"
-    if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
-    else "past_key_values"
-)
-
-
-_FORWARD_ARGUMENTS = weakref.WeakKeyDictionary()
-
-
-def forward_arguments(model) -> tuple[str, bool]:
-    """The name `model.forward` takes its KV cache under, and whether it takes `logits_to_keep`. Stock models follow
-    the installed transformers, remote code may still say `past_key_values`; a forward that takes the cache only
-    through **kwargs gets the current name. Read from the signature once per forward function, not at every
-    `generate` call (each read costs tens of microseconds)."""
-    forward = getattr(model.forward, "__func__", model.forward)
-    try:
-        return _FORWARD_ARGUMENTS[forward]
-    except (KeyError, TypeError):  # TypeError: a callable that takes no weak reference is read every time
-        pass
-    parameters = inspect.signature(model.forward).parameters
-    found = next((name for name in ("cache", "past_key_values") if name in parameters), CACHE_KWARG)
-    facts = (found, "logits_to_keep" in parameters)
-    try:
-        _FORWARD_ARGUMENTS[forward] = facts
-    except TypeError:
-        pass
-    return facts
+from .transformers_versions import CACHE_KWARG, forward_arguments
 
 
 class RaggedCache:
+    """A `DecodingCache` on one DynamicCache (see the module docstring)."""
+
     def __init__(self, model, batch_size: int, max_dead: int, cache: DynamicCache | None = None):
         self.model = model
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
@@ -56,6 +27,7 @@ class RaggedCache:
                 "use_sliding_window=False."
             )
         self.valid = torch.zeros((batch_size, 0), dtype=torch.bool, device=model.device)
+        self.counts = [0] * batch_size  # valid columns per row, followed on the host so that no step reads `valid`
         self.max_dead = max_dead
         attention = getattr(model.config, "_attn_implementation", None) or ""
         self._flash = "flash" in attention
@@ -81,11 +53,12 @@ class RaggedCache:
         """Columns beyond what the fullest row needs: holes plus padding that compaction would remove."""
         if self.length == 0:
             return 0
-        return self.length - int(self.valid.sum(1).max())
+        return self.length - max(self.counts)
 
     def add_rows(self, count: int) -> None:
         """Appends `count` batch rows with no valid column: rows that join a running batch."""
         self.valid = torch.cat([self.valid, self.valid.new_zeros((count, self.length))])
+        self.counts += [0] * count
         for layer in self.cache.layers:
             if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.dim() == 4:
                 layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((count, *layer.keys.shape[1:]))])
@@ -114,6 +87,7 @@ class RaggedCache:
                 layer.keys[row, :, self.length - n :] = keys
                 layer.values[row, :, self.length - n :] = values
             self.valid[row, self.length - n :] = True
+            self.counts[row] = n
 
     def forward(
         self,
@@ -122,9 +96,11 @@ class RaggedCache:
         new_valid: torch.Tensor,
         columns: list[int],
         prefill: bool = False,
+        counts: list[int] | None = None,
     ) -> torch.Tensor:
         """Runs the model on new rows on top of the cache (their K/V are appended); returns the logits of the given
-        columns of the new rows (ascending), computing no others where the model allows."""
+        columns of the new rows (ascending), computing no others where the model allows. (`counts` is the static
+        cache's concern.)"""
         valid = torch.cat([self.valid, new_valid], dim=1)
         width = input_ids.shape[1]
         tail = columns == list(range(width - len(columns), width))
@@ -172,12 +148,13 @@ class RaggedCache:
         if fed > kept:
             self.cache.crop(-(fed - kept))
             self.valid = self.valid[:, : self.length - (fed - kept)]
-        start = self.length - kept
-        for row, n in enumerate(keep):
-            if n < kept:
-                self.valid[row, start + n :] = False
+        if min(keep) < kept:
+            held = torch.arange(kept, device=self.device)[None] < torch.tensor(keep, device=self.device)[:, None]
+            self.valid[:, self.length - kept :] &= held
+        self.counts = [count + n for count, n in zip(self.counts, keep)]
 
     def select_rows(self, rows: list[int]) -> None:
+        self.counts = [self.counts[i] for i in rows]
         if not rows:  # the batch ends: the cache is left empty, as new, its memory freed (no gather of nothing)
             self.valid = self.valid.new_zeros((0, 0))
             for layer in self.cache.layers:
@@ -202,8 +179,7 @@ class RaggedCache:
         """Squeezes out invalid columns (rows end up left-padded) once more than `max_dead` are wasted."""
         if self.dead_columns() <= self.max_dead:
             return False
-        counts = self.valid.sum(1)
-        new_len = int(counts.max())
+        new_len = max(self.counts)
         # Stable sort puts each row's valid columns last, in order: exactly a left-padded row.
         order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, -new_len:]
         for layer in self.cache.layers:

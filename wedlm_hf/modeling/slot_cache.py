@@ -24,7 +24,7 @@ of shapes; positions, write positions and the mask are tensors, so no Python bra
 import torch
 from transformers import Cache
 
-from .ragged_cache import forward_arguments
+from .transformers_versions import forward_arguments
 
 PREFILL_STEP = 32  # prefill widths are rounded up to a multiple of this
 LENGTH_STEP = 256  # and cache lengths to a multiple of this, so that generations of similar sizes share shapes
@@ -45,6 +45,22 @@ def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
+def static_decoding_refusal(model) -> str | None:
+    """Why `model` cannot decode on fixed slots, with the fix; None where it can. `generate` and `wedlm-hf serve
+    --compile` both ask, each adding its own way out."""
+    if "flash" in (getattr(model.config, "_attn_implementation", None) or ""):
+        return (
+            "the static step attends under a 4D mask that flash attention cannot take: load the model with "
+            "attn_implementation='sdpa' (the default)"
+        )
+    if any(kind != "full_attention" for kind in getattr(model.config.get_text_config(), "layer_types", None) or ()):
+        return (
+            "the static step attends over whole slots, which sliding-window layers cannot: load the model with "
+            "use_sliding_window=False"
+        )
+    return None
+
+
 class SlotLayer:
     """One layer's preallocated keys and values, (slots, kv heads, columns, head dim)."""
 
@@ -59,7 +75,8 @@ class SlotLayer:
 
 
 class SlotCache(Cache):
-    """The KV cache of `StreamingDecoder` on fixed slots; `forward` runs one step (see the module docstring).
+    """The KV cache of `StreamingDecoder` on fixed slots, a `DecodingCache`; `forward` runs one step (see the
+    module docstring).
 
     `compiled`: the call used for decoding steps (e.g. `model.get_compiled_call(compile_config)`); prefill steps,
     and every step when it is None, call the model as it is.
@@ -112,7 +129,7 @@ class SlotCache(Cache):
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return self.max_length
 
-    # ---- what the decoder calls (the `RaggedCache` interface) ------------------------------------------------
+    # ---- what the decoder calls (`decoding_cache.DecodingCache`) ------------------------------------------------
 
     def feed_width(self, width: int, prefill: bool) -> int:
         if prefill and width > PREFILL_STEP:
@@ -146,12 +163,14 @@ class SlotCache(Cache):
         new_valid: torch.Tensor,
         columns: list[int],
         prefill: bool = False,
+        counts: list[int] | None = None,
     ) -> torch.Tensor:
         """Runs the active rows' feeds (rows in decoder order, all `feed_width` wide); returns the logits of the
         given columns (ascending), computing no others where the model allows. A step that prefills a prompt runs
-        the model uncompiled."""
+        the model uncompiled. `counts`: each row's real tokens (read from `new_valid` when not given)."""
         rows, width = input_ids.shape
-        extent = max(self.lengths[slot] + n for slot, n in zip(self.slot_of, new_valid.sum(1).tolist()))
+        counts = new_valid.sum(1).tolist() if counts is None else counts
+        extent = max(self.lengths[slot] + n for slot, n in zip(self.slot_of, counts))
         if extent > self.max_length:
             raise RuntimeError(
                 f"The static cache holds {self.max_length} tokens per row, and this step would take a row to "

@@ -28,7 +28,7 @@ from transformers import (
 
 from ..data import default_model_path
 from ..modeling import WeDLMDecodingConfig
-from ..modeling.streaming_decoder import DecodingSettings
+from ..modeling.decoding_state import DecodingSettings
 from ..modeling.window_filling import FillSampler
 from ..structured import compile_grammar
 from .incremental_text import IncrementalText

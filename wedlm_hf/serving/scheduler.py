@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.slot_cache import SlotCache
-from ..modeling.streaming_decoder import DecodingRow, DecodingSettings, StreamingDecoder
+from ..modeling.decoding_state import DecodingRow, DecodingSettings
+from ..modeling.slot_cache import SlotCache, static_decoding_refusal
+from ..modeling.streaming_decoder import StreamingDecoder
 from .contained_grammar import ContainedGrammar
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
@@ -139,16 +140,9 @@ def slot_length(model) -> int:
             "--compile sizes its fixed slots from the model's max_position_embeddings, which this model's config "
             "does not set: set it in config.json or serve without --compile."
         )
-    if "flash" in (getattr(model.config, "_attn_implementation", None) or ""):
-        raise ValueError(
-            "--compile decodes under a 4D attention mask that flash attention cannot take: load the model with "
-            "attn_implementation='sdpa' (the default) or serve without --compile."
-        )
-    if any(kind != "full_attention" for kind in getattr(text, "layer_types", None) or ()):
-        raise ValueError(
-            "--compile attends over whole slots, which sliding-window layers cannot: load the model with "
-            "use_sliding_window=False or serve without --compile."
-        )
+    reason = static_decoding_refusal(model)
+    if reason is not None:
+        raise ValueError(f"--compile decodes on fixed slots, and {reason}, or serve without --compile.")
     return context
 
 

@@ -1,0 +1,66 @@
+"""The step's feed: per row [prompt chunk][filled slots][padding][masks] at their logical positions, built in one
+transfer; the logit columns a step asks for; and a decoding row's commit (`DecodingRow.commit`)."""
+
+import torch
+
+from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
+from wedlm_hf.modeling.step_feed import build_feed, logit_columns, open_masks
+
+MASK = 99
+
+
+class Widths:
+    """A cache stand-in: feeds are as wide as the widest row, on the CPU."""
+
+    device = torch.device("cpu")
+
+    def feed_width(self, width: int, prefill: bool) -> int:
+        return width
+
+
+def row(prompt, window, fed=None, **settings) -> DecodingRow:
+    settings = DecodingSettings(max_new_tokens=20, **settings)
+    out = DecodingRow(index=0, prompt=list(prompt), settings=settings, window=list(window))
+    out.prompt_fed = len(prompt) if fed is None else fed
+    return out
+
+
+def test_filled_slots_come_first_then_padding_then_masks_at_their_positions():
+    decoding = row([1, 2, 3], [Fill(7), None, Fill(8), None])  # committed length 3: slots at positions 3..6
+    joining = row([4, 5, 6, 7, 8], [None, None], fed=0)
+    feed = build_feed([decoding, joining], Widths(), MASK, cap=None)
+    assert feed.width == 7 and feed.n_masks == 2 and feed.prefill
+    assert feed.ids.tolist() == [[7, 8, MASK, MASK, MASK, MASK, MASK], [4, 5, 6, 7, 8, MASK, MASK]]
+    assert feed.positions.tolist() == [[3, 5, 0, 0, 0, 4, 6], [0, 1, 2, 3, 4, 5, 6]]
+    assert feed.valid.tolist() == [[True, True, False, False, False, True, True], [True] * 7]
+    assert feed.starts == [0, 5] and feed.decodes == [True, True] and feed.filled == [2, 0]
+    assert feed.masks == [[4, 6], [5, 6]] and feed.runs == [1, 0] and feed.counts == [4, 7]
+    # Only the masks' logits in default mode; a joining row that follows its AR logits adds its last prompt token.
+    assert logit_columns([decoding, joining], feed)[0] == [5, 6]
+    joining.settings.keep_logits = True
+    columns, ar_columns, _ = logit_columns([decoding, joining], feed)
+    assert columns == [4, 5, 6] and ar_columns == {1: [4]}
+    # After a commit of the leading run, the masks fed are still open at their new slots.
+    decoding.commit(1)
+    assert open_masks(decoding, feed.masks[0], feed.n_masks) == [(0, 0), (1, 2)]
+
+
+def test_a_long_prompt_under_a_cap_feeds_a_chunk_without_its_window():
+    joining = row(list(range(10)), [None, None], fed=0)
+    feed = build_feed([joining], Widths(), MASK, cap=4)
+    assert feed.starts == [4] and feed.decodes == [False] and feed.masks == [[]] and feed.ids.tolist() == [[0, 1, 2, 3]]
+
+
+def test_a_commit_stops_after_a_stop_token_or_at_the_budget():
+    for window, budget, expected, reason in (
+        ([5, 6, 7], 20, [5, 6, 7], None),
+        ([5, 0, 7], 20, [5, 0], "stop"),
+        ([5, 6, 7], 2, [5, 6], "length"),
+        ([5, 0, 7], 2, [5, 0], "stop"),  # the stop token is also the budget's last: it stops
+    ):
+        decoding = row([1], [Fill(t) for t in window], stop_ids=frozenset({0}))
+        decoding.settings.max_new_tokens = budget
+        assert decoding.commit(3) == len(expected)
+        assert decoding.generated == expected and decoding.finish_reason == reason
+        assert decoding.done == (reason is not None) and decoding.stats.tokens == len(expected)
+        assert [slot.token for slot in decoding.window] == window[len(expected) :]

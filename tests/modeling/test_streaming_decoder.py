@@ -1,0 +1,33 @@
+"""The step as a whole: in default mode a step reads the device once (the step's fills), whatever the batch, on the
+dynamic and the static cache; rows that join mid-way and rows that finish do not add reads. (The first forward, on an
+empty dynamic cache, passes transformers the 2D mask, and transformers' mask function reads it to choose sdpa's
+causal kernel, as in AR's prefill.)"""
+
+import pytest
+import torch
+from conftest import EOS_ID, MASK_ID
+
+from wedlm_hf.evaluation.step_benchmark import HostReads
+from wedlm_hf.modeling.decoding_state import DecodingSettings
+from wedlm_hf.modeling.slot_cache import SlotCache
+from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_default_mode_step_reads_the_device_once(model64, static):
+    cache = SlotCache(model64, slots=4, max_length=96) if static else None
+    decoder = StreamingDecoder(model64, MASK_ID, cache=cache)
+    settings = DecodingSettings(max_new_tokens=30, window_size=6, entropy_threshold=1.0, stop_ids=frozenset({EOS_ID}))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, EOS_ID, (n,), generator=g).tolist() for n in (5, 9, 7, 12)]
+    for prompt in prompts[:3]:
+        decoder.add(prompt, settings)
+    reads, steps = [], 0
+    while decoder.busy:
+        if steps == 3:
+            decoder.add(prompts[3], DecodingSettings(max_new_tokens=8, window_size=4))  # joins a running batch
+        with HostReads() as counted:
+            decoder.step()
+        reads.append(counted.count)
+        steps += 1
+    assert steps > 4 and max(reads[1:]) == 1 and reads[0] <= 3, reads

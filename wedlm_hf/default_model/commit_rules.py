@@ -1,0 +1,1 @@
+../modeling/commit_rules.py

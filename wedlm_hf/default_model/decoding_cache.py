@@ -1,0 +1,1 @@
+../modeling/decoding_cache.py

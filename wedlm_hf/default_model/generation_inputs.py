@@ -1,0 +1,1 @@
+../modeling/generation_inputs.py

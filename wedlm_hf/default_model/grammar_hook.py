@@ -1,0 +1,1 @@
+../modeling/grammar_hook.py

@@ -1,0 +1,1 @@
+../modeling/transformers_versions.py

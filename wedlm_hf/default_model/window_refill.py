@@ -1,0 +1,1 @@
+../modeling/window_refill.py

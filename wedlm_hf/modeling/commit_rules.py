@@ -1,0 +1,104 @@
+"""The two commit rules, default and lossless, that move a step's leading run into the committed text.
+
+Default mode commits the whole leading run of filled slots: their K/V were computed against the clean prefix only
+(docs/algorithm.md section 3.c). Lossless mode commits a draft only where the model's own AR choice at its real
+prefix agrees (`draft_verification`), and the AR token after the last accepted one becomes the next final token
+(section 6). Under a grammar, default mode commits the run's valid prefix (`grammar_hook.commit_valid`). After the
+fill, a row whose window already runs to its end commits it without another forward (`commit_ending`).
+"""
+
+from .decoding_state import OWN_SOURCES, DecodingRow, Fill
+from .draft_verification import ArPredictions
+from .grammar_commit import valid_prefix
+from .grammar_hook import commit_valid
+
+
+def commit(row: DecodingRow, run: int, ar: ArPredictions | None) -> tuple[int, bool]:
+    """Commits what the row's rule keeps of its leading `run` (`ar`: a lossless row's AR predictions); returns how
+    many tokens committed and whether a grammar row's guess failed (the step's mask fills saw it and are dropped)."""
+    if row.settings.lossless:
+        return verify_and_commit(row, run, ar), False
+    if row.grammar is not None:
+        return commit_valid(row, run)
+    return row.commit(run), False
+
+
+def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
+    """Lossless commit. `ar` holds the AR predictions for window slots 1..run (for a new row: 0..run). Slot 0
+    is the final token placed last step; each later draft commits only if AR agrees, and the AR token after the
+    last accepted one becomes the next final token (at a rejection, in the draft's place, with every later fill
+    discarded)."""
+    settings = row.settings
+    first = 0 if not row.prefilled else 1
+    if row.prefilled and (run == 0 or not row.window[0].final):
+        raise RuntimeError("Lossless decoding lost its final token: this is a bug in wedlm_hf.")
+    accepted, replacement, room = first, None, settings.max_new_tokens - len(row.generated)
+    ends = any(slot.token in settings.stop_ids for slot in row.window[:first]) or first >= room
+    rejected = False
+    checked = {"model": 0, "context": 0, "forced": 0, "constrained": 0}
+    rejected_by = None
+    if not ends:
+        for i in range(first, run):
+            slot = row.window[i]
+            replacement = ar.judge(i - first, slot)
+            context = slot.source == "context"
+            checked[slot.source] += 1
+            if replacement is not None:
+                row.stats.rejected_drafts += 1
+                row.stats.rejected_context_drafts += context
+                rejected, rejected_by = True, slot.source
+                break
+            row.stats.accepted_drafts += 1
+            row.stats.accepted_context_drafts += context
+            accepted += 1
+            if slot.token in settings.stop_ids or accepted >= room:
+                ends = True
+                break
+        else:
+            replacement = ar.own_token(run - first)
+    own = sum(checked[source] for source in OWN_SOURCES)
+    row.context_window.update(settings.window_size, checked["context"], rejected_by == "context")
+    copying = settings.context_drafts and row.context_window.trying  # a resting model source waits meanwhile
+    row.model_window.update(settings.window_size, own, rejected_by in OWN_SOURCES, paused=copying)
+    kept = row.commit(accepted)
+    if row.done or ends or replacement is None:
+        return kept
+    if replacement in settings.stop_ids or len(row.generated) + 1 >= settings.max_new_tokens:
+        # The row's last token: AR's own choice needs no confirming forward, and like plain `generate` the
+        # cache never holds the last token's K/V.
+        row.window = [Fill(replacement, final=True)]
+        row.commit(1)
+        return kept
+    if row.window:
+        row.window[0] = Fill(replacement, final=True)
+        if rejected:  # every later fill was drawn with the rejected draft in view
+            row.window[1:] = [None] * (len(row.window) - 1)
+    else:
+        row.window.append(Fill(replacement, final=True))
+    return kept
+
+
+def commit_ending(row: DecodingRow) -> int:
+    """Commits the window through the row's end now, where the next forward would commit just those tokens and
+    need nothing after them: the run reaches a stop token or the budget, and no forward can change a token of it.
+    In default mode that is any run without a guess (under a grammar, every token of it valid); in lossless mode,
+    the final token and tokens a grammar forces after it (AR under the grammar has no other choice there). That
+    forward would only write K/V nobody reads, so these tokens have none in the cache, as a lossless row's last
+    token has none. Not with keep_logits, whose logits come from that forward. Returns how many committed."""
+    settings = row.settings
+    if settings.keep_logits or not row.prefilled:
+        return 0
+    run = row.leading_run()
+    if settings.lossless:  # the final token, then what the grammar forces
+        if not run or not row.window[0].final:
+            return 0
+        run = next((i for i in range(1, run) if row.window[i].source != "forced"), run)
+    tokens = [slot.token for slot in row.window[:run]]
+    stop = next((i + 1 for i, token in enumerate(tokens) if token in settings.stop_ids), None)
+    room = settings.max_new_tokens - len(row.generated)
+    end = stop if stop is not None else room if run >= room else 0
+    if not end or any(slot.guess for slot in row.window[:end]):
+        return 0
+    if row.grammar is not None and valid_prefix(row.grammar, tokens[:end], settings.stop_ids) < end:
+        return 0
+    return row.commit(end)

@@ -1,0 +1,225 @@
+"""A sequence's decoding state: its settings, committed text, window of slots and statistics.
+
+A row (one sequence) keeps a window of slots after its committed length P: `None` for a mask, or a `Fill`, a token
+placed but not yet committed. The step (`streaming_decoder`) feeds the window, a commit rule (`commit_rules`) moves
+its leading filled run into the committed text through `DecodingRow.commit`, and the fill (`batch_fill`) and the
+refill (`window_refill`) place new tokens and masks. Nothing here reads a tensor.
+"""
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .decoding_config import WeDLMDecodingConfig
+from .draft_windows import ContextWindow, DraftWindow
+from .window_filling import FillSampler
+
+OWN_SOURCES = ("model", "constrained")  # a Fill's sources that are the model's own drafts (grammar-restricted or not)
+
+
+@dataclass
+class WeDLMStats:
+    """Per-row decoding statistics: decoding forwards, committed tokens, window rows fed (prompt rows, prefilled
+    in the first forward, are not counted) and, in lossless mode, drafts accepted or rejected by verification, of
+    which `*_context_drafts` were copied from the context (the rest are the model's own fills). Under a grammar,
+    `forced_tokens` of the committed tokens were forced by it and `constrained_tokens` chosen among the tokens it
+    allowed at the slot after the committed text (default mode; in lossless mode every AR token is)."""
+
+    forwards: int = 0
+    tokens: int = 0
+    rows_fed: int = 0
+    accepted_drafts: int = 0
+    rejected_drafts: int = 0
+    accepted_context_drafts: int = 0
+    rejected_context_drafts: int = 0
+    forced_tokens: int = 0
+    constrained_tokens: int = 0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def p_cache(self) -> float:
+        """Committed tokens / token rows fed in decoding forwards (1.0 = every computed row was kept)."""
+        return self.tokens / self.rows_fed if self.rows_fed else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / verified drafts in lossless mode; None when no draft was verified."""
+        checked = self.accepted_drafts + self.rejected_drafts
+        return self.accepted_drafts / checked if checked else None
+
+    def to_dict(self) -> dict:
+        return {
+            "forwards": self.forwards,
+            "tokens": self.tokens,
+            "rows_fed": self.rows_fed,
+            "tokens_per_forward": self.tokens_per_forward,
+            "p_cache": self.p_cache,
+            "accepted_drafts": self.accepted_drafts,
+            "rejected_drafts": self.rejected_drafts,
+            "accepted_context_drafts": self.accepted_context_drafts,
+            "rejected_context_drafts": self.rejected_context_drafts,
+            "forced_tokens": self.forced_tokens,
+            "constrained_tokens": self.constrained_tokens,
+            "acceptance_rate": self.acceptance_rate,
+        }
+
+
+@dataclass
+class DecodingSettings:
+    """How one row decodes: its `WeDLMDecodingConfig` options (defaults there) and its own budget, sampler and
+    stops. Rows with different settings share a batch."""
+
+    max_new_tokens: int
+    window_size: int = WeDLMDecodingConfig.window_size
+    entropy_threshold: float | None = WeDLMDecodingConfig.entropy_threshold
+    pos_penalty_factor: float = WeDLMDecodingConfig.pos_penalty_factor
+    lossless: bool = WeDLMDecodingConfig.lossless
+    sampler: FillSampler = field(default_factory=FillSampler)
+    stop_ids: frozenset[int] = frozenset()
+    context_drafts: bool = WeDLMDecodingConfig.context_drafts
+    context_ngram: int = WeDLMDecodingConfig.context_ngram
+    keep_logits: bool = False  # record, for each committed token, the AR logits of its position (`row.logits`)
+
+    @classmethod
+    def of(cls, options: WeDLMDecodingConfig, **row) -> "DecodingSettings":
+        """A row's settings from checked options and the row's own fields (`max_new_tokens`, `sampler`, ...)."""
+        return cls(**asdict(options), **row)
+
+
+@dataclass(eq=False, slots=True)
+class Fill:
+    """A filled window slot. `final`: AR's own token, committed by the next forward without a check (lossless mode's
+    final token; under a grammar, the draw that takes a failed sampled guess's place). `q` / `verifiable`: for
+    sampled drafts in lossless mode (see `draft_verification.judge_draft`). `source`: "model" (a fill by the entropy
+    rule), "context" (copied from the context; its q is a point mass), "forced" (the row's grammar allows nothing
+    else; a point mass too) or "constrained" (chosen among the tokens the grammar allows, from the AR logits of the
+    slot after the committed text). `guess`: an unconfident choice under a grammar, placed before a fixed string
+    (`grammar_hook.worth_a_guess`); it commits only as AR's own choice there would (`commit_valid`)."""
+
+    token: int
+    final: bool = False
+    q: torch.Tensor | None = None
+    verifiable: bool = True
+    source: str = "model"
+    guess: bool = False
+
+
+@dataclass(eq=False)
+class DecodingRow:
+    """One sequence: its prompt, committed tokens, window (`None` = mask) and settings."""
+
+    index: int
+    prompt: list[int]
+    settings: DecodingSettings
+    generated: list[int] = field(default_factory=list)
+    window: list[Fill | None] = field(default_factory=list)
+    stats: WeDLMStats = field(default_factory=WeDLMStats)
+    done: bool = False
+    finish_reason: str | None = None  # "stop" (a stop token), "length", or what the caller passed to `finish`
+    kv: list | None = None  # the finished row's cache, kept only when the decoder was asked to
+    prompt_fed: int = 0  # prompt tokens already in the cache (a long prompt may be prefilled over several steps)
+    # Lossless mode: how many drafts of each source to try, adapted to how many get accepted.
+    model_window: DraftWindow = field(default_factory=lambda: DraftWindow(smallest=2, size=2))
+    context_window: ContextWindow = field(default_factory=ContextWindow)
+    context: object | None = None  # lossless mode: a `ContextIndex` of where each committed token occurs
+    # keep_logits: per generated token, the model's AR logits at its position (given the committed text before it);
+    # `next_logits` are those of the slot after the committed text, `step_logits` this step's run rows' (row i:
+    # slot i + 1's), of which the commit takes one per token.
+    logits: list = field(default_factory=list)
+    next_logits: torch.Tensor | None = None
+    step_logits: torch.Tensor | list | None = None
+    _taken: int = 0
+    prefix: list | None = None  # K/V of the prompt's first tokens from elsewhere (a prefix cache), loaded on joining
+    grammar: object | None = None  # the row's grammar state (`grammar_commit`), at the end of its committed text
+
+    @property
+    def prefilled(self) -> bool:
+        return self.prompt_fed == len(self.prompt)
+
+    @property
+    def committed(self) -> int:
+        """Logical length P: prompt plus committed tokens."""
+        return len(self.prompt) + len(self.generated)
+
+    @property
+    def tracks_logits(self) -> bool:
+        """Whether the row follows the AR logits of the slot after its committed text (`next_logits`)."""
+        return self.settings.keep_logits or self.grammar is not None
+
+    def leading_run(self) -> int:
+        """The filled slots before the window's first mask."""
+        try:
+            return self.window.index(None)
+        except ValueError:
+            return len(self.window)
+
+    def own_drafts(self) -> int:
+        """The model's own drafts (grammar-restricted or not) in the leading run, after the final token."""
+        return sum(slot.source in OWN_SOURCES for slot in self.window[1 : self.leading_run()])
+
+    def unfed_end(self) -> int:
+        """1 where lossless mode need not feed the window's last slot: the window is one filled run that ends the
+        row there (a stop token, or the budget's last token). Its row's logits would predict past the end and its
+        K/V would never be read, while the row before it verifies it all the same; else 0."""
+        run = len(self.window)
+        if not self.settings.lossless or not self.prefilled or run < 2 or self.leading_run() != run:
+            return 0
+        room = self.settings.max_new_tokens - len(self.generated)
+        return int(self.window[-1].token in self.settings.stop_ids or run == room)
+
+    def settled(self) -> list[int]:
+        """The window's tokens after the committed text that no later step changes: the next forward commits them
+        (it only writes their K/V). They are the default mode's leading run of fills (up to a stop token and the
+        budget) and lossless mode's final token; none under a grammar, whose check comes at the commit. A server
+        can stream them one step early, as an AR server streams a token before its K/V exist."""
+        if self.done or self.grammar is not None or not self.prefilled:
+            return []
+        room = self.settings.max_new_tokens - len(self.generated)
+        tokens = []
+        for slot in self.window[: min(self.leading_run(), room)]:
+            if self.settings.lossless and not slot.final:
+                break
+            tokens.append(slot.token)
+            if slot.token in self.settings.stop_ids:
+                break
+        return tokens
+
+    def commit(self, count: int) -> int:
+        """Moves the first `count` window tokens into the committed text, stopping after a stop token or at the
+        budget; returns how many were kept."""
+        tokens = [slot.token for slot in self.window[:count]]
+        settings = self.settings
+        # The first token that ends the row: a stop token, or the one that fills the budget (a stop token first).
+        stop = next((i for i, token in enumerate(tokens) if token in settings.stop_ids), len(tokens))
+        full = max(settings.max_new_tokens - len(self.generated), 1) - 1
+        end = min(stop, full)
+        if end < len(tokens):
+            del tokens[end + 1 :]
+            self.done, self.finish_reason = True, "stop" if end == stop else "length"
+        kept = len(tokens)
+        if self.tracks_logits:
+            for _ in tokens:
+                self._take_logits()
+        self.generated += tokens
+        if self.grammar is not None:
+            for slot in self.window[:kept]:
+                self.stats.forced_tokens += slot.source == "forced"
+                self.stats.constrained_tokens += slot.source == "constrained"
+            self.grammar.advance([token for token in tokens if token not in settings.stop_ids])
+        del self.window[:kept]
+        self.stats.tokens += kept
+        return kept
+
+    def _take_logits(self) -> None:
+        """The token just committed was predicted by `next_logits`; the next one by its own row's, if computed (a
+        grammar row without keep_logits gets only the rows its commit can use: `grammar_hook.logit_slots`)."""
+        if self.settings.keep_logits:
+            if self.next_logits is None:
+                raise RuntimeError("A committed token has no AR logits: this is a bug in wedlm_hf.")
+            self.logits.append(self.next_logits)
+        rows = self.step_logits
+        self.next_logits = rows[self._taken] if rows is not None and self._taken < len(rows) else None
+        self._taken += 1

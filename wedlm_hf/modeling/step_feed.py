@@ -1,0 +1,113 @@
+"""What one step feeds the model: every row's window reordered, a joining row's prompt (chunk), the logit columns.
+
+Per row the feed is [its prompt (chunk), if it joins now][filled slots][padding][masks] (docs/algorithm.md section
+3.b). Masks last, so that the kept logits are the tail; filled slots right after what the row has in the cache, so
+that the leading run is fed in logical order. A joining row's prompt takes the columns other rows use for their
+windows: the feed is as wide as the widest row, not prompt plus window. A prompt chunk that is not the last feeds no
+window. Everything here is decided on the host from the rows' windows; the tensors are built in one transfer.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .decoding_state import DecodingRow
+from .grammar_hook import logit_slots
+
+
+@dataclass
+class StepFeed:
+    """One step's feed. `starts[b]`: prompt tokens row b feeds (where its filled slots begin); `decodes[b]`: whether
+    its window is fed (a decoding row, or a joining prompt's last chunk); `filled[b]`: its filled slots fed;
+    `masks[b]`: the logical positions of its masks fed, right-aligned in the step's last `n_masks` columns;
+    `runs[b]`: its leading run of filled slots; `counts[b]`: its real (not padding) tokens."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor
+    starts: list[int]
+    decodes: list[bool]
+    filled: list[int]
+    masks: list[list[int]]
+    runs: list[int]
+    counts: list[int]
+    width: int
+    n_masks: int
+    prefill: bool
+
+
+def prompt_chunk(row: DecodingRow, cap: int | None) -> tuple[int, bool]:
+    """How many prompt tokens `row` feeds this step, and whether its window joins them (the last chunk). The last
+    chunk always holds the prompt's last token: its row predicts the first slot (lossless mode)."""
+    remaining = len(row.prompt) - row.prompt_fed
+    if remaining == 0:
+        return 0, True
+    if cap is None or remaining + len(row.window) <= cap or remaining == 1:
+        return remaining, True
+    return min(remaining - 1, cap), False
+
+
+def build_feed(rows: list[DecodingRow], kv, mask_token_id: int, cap: int | None) -> StepFeed:
+    """The step's feed for `rows` on cache `kv` (which sets the width: `feed_width`); `cap`: the prompt tokens a row
+    may feed (None: all)."""
+    starts, decodes, filled, masks, runs, tokens = [], [], [], [], [], []
+    for row in rows:
+        start, decode = prompt_chunk(row, cap)
+        base = row.committed
+        window = row.window[: len(row.window) - row.unfed_end()] if decode else []
+        fills, fill_positions, mask_positions = [], [], []
+        for i, slot in enumerate(window):
+            if slot is None:
+                mask_positions.append(base + i)
+            else:
+                fills.append(slot.token)
+                fill_positions.append(base + i)
+        starts.append(start)
+        decodes.append(decode)
+        filled.append(len(fills))
+        masks.append(mask_positions)
+        runs.append(row.leading_run() if decode else 0)
+        tokens.append((fills, fill_positions))
+    counts = [start + n + len(m) for start, n, m in zip(starts, filled, masks)]
+    prefill = any(starts)
+    width = kv.feed_width(max(counts), prefill)
+    data = [[], [], []]  # ids, positions, valid: one tensor made from them, one transfer
+    for row, start, count, (fills, fill_positions), mask_positions in zip(rows, starts, counts, tokens, masks):
+        fed, gap = row.prompt_fed, width - count
+        data[0].append(row.prompt[fed : fed + start] + fills + [mask_token_id] * (gap + len(mask_positions)))
+        data[1].append([*range(fed, fed + start), *fill_positions, *[0] * gap, *mask_positions])
+        data[2].append([1] * (start + len(fills)) + [0] * gap + [1] * len(mask_positions))
+    ids, positions, valid = torch.tensor(data, device=kv.device)
+    n_masks = max(len(m) for m in masks)
+    return StepFeed(ids, positions, valid.bool(), starts, decodes, filled, masks, runs, counts, width, n_masks, prefill)
+
+
+def logit_columns(rows: list[DecodingRow], feed: StepFeed) -> tuple[list[int], dict, dict]:
+    """The feed columns whose logits the step needs, ascending: every mask column, and for a row that follows its
+    AR logits (lossless mode, keep_logits, a grammar) its run's rows and, joining, its last prompt token's (which
+    predicts slot 0). Also, per such row, its AR columns; and for a default-mode grammar row, which run slots those
+    are (`logit_slots`: only the rows its commit can use)."""
+    ar_columns, sparse = {}, {}
+    for b, row in enumerate(rows):
+        settings = row.settings
+        if not feed.decodes[b] or not (settings.lossless or row.tracks_logits):
+            continue
+        start, run = feed.starts[b], feed.runs[b]
+        slots = range(min(run, feed.filled[b]))  # each fed run row predicts the slot after it
+        if row.grammar is not None and not (settings.lossless or settings.keep_logits or start):
+            slots = sparse[b] = logit_slots(row, run)
+        ar_columns[b] = ([start - 1] if start else []) + [start + j for j in slots]
+    wanted = set(range(feed.width - feed.n_masks, feed.width)).union(*ar_columns.values())
+    return sorted(wanted) or [feed.width - 1], ar_columns, sparse
+
+
+def open_masks(row: DecodingRow, masks: list[int], n_masks: int) -> list[tuple[int, int]]:
+    """(mask column, window slot) of the masks fed this step that are still masks (lossless mode may have placed its
+    final token on one; a commit moves the slots). Masks are right-aligned in the step's mask columns."""
+    first, base, window = n_masks - len(masks), row.committed, row.window
+    out = []
+    for j, position in enumerate(masks):
+        slot = position - base
+        if 0 <= slot < len(window) and window[slot] is None:
+            out.append((first + j, slot))
+    return out
