@@ -1,5 +1,6 @@
-"""The batch fill: the entropy rule run as tensor operations over the batch chooses, for every row, exactly what the
-rule applied to that row alone chooses (`window_filling.choose_fills`), and the host reads the step's fills once."""
+"""The batch fill: from one read of the batch's entropies and greedy tokens, every row gets exactly the fills the
+rule (`window_filling.choose_fills`) gives that row alone, at the window slots its right-aligned mask columns stand
+for; a sampled row draws the same fills alone or batched."""
 
 import random
 

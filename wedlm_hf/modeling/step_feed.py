@@ -7,6 +7,7 @@ windows: the feed is as wide as the widest row, not prompt plus window. A prompt
 window. Everything here is decided on the host from the rows' windows; the tensors are built in one transfer.
 """
 
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -71,13 +72,14 @@ def build_feed(rows: list[DecodingRow], kv, mask_token_id: int, cap: int | None)
     counts = [start + n + len(m) for start, n, m in zip(starts, filled, masks)]
     prefill = any(starts)
     width = kv.feed_width(max(counts), prefill)
-    data = [[], [], []]  # ids, positions, valid: one tensor made from them, one transfer
+    ids, positions, valid = array("q"), array("q"), array("q")  # one buffer, one tensor, one transfer
     for row, start, count, (fills, fill_positions), mask_positions in zip(rows, starts, counts, tokens, masks):
         fed, gap = row.prompt_fed, width - count
-        data[0].append(row.prompt[fed : fed + start] + fills + [mask_token_id] * (gap + len(mask_positions)))
-        data[1].append([*range(fed, fed + start), *fill_positions, *[0] * gap, *mask_positions])
-        data[2].append([1] * (start + len(fills)) + [0] * gap + [1] * len(mask_positions))
-    ids, positions, valid = torch.tensor(data, device=kv.device)
+        ids.extend(row.prompt[fed : fed + start] + fills + [mask_token_id] * (gap + len(mask_positions)))
+        positions.extend([*range(fed, fed + start), *fill_positions, *[0] * gap, *mask_positions])
+        valid.extend([1] * (start + len(fills)) + [0] * gap + [1] * len(mask_positions))
+    data = torch.frombuffer(ids + positions + valid, dtype=torch.int64).view(3, len(rows), width)
+    ids, positions, valid = data.to(kv.device, copy=True)  # a copy: the tensors outlive the buffer
     n_masks = max(len(m) for m in masks)
     return StepFeed(ids, positions, valid.bool(), starts, decodes, filled, masks, runs, counts, width, n_masks, prefill)
 
