@@ -7,8 +7,10 @@ transformers loads them without wedlm-hf. Wings import the core; the core import
 - `configuration_wedlm`, `modeling_wedlm`: config and model (Qwen3 parts, WeDLM's differences stated).
 - `decoding_config`: `WeDLMDecodingConfig`, the WeDLM options with their defaults and checks, defined once.
 - `generation_wedlm`: `generate(strategy="wedlm")`'s arguments, checks and output.
-- `streaming_decoder`, `window_filling`, `ragged_cache`: the decoding loop, the fill rule and sampler, the KV cache
-  shared by rows that commit at different rates.
+- `generation_inputs`, `transformers_versions`: generate's inputs checked and prepared; the version shims.
+- `streaming_decoder`: the step in phases, over `decoding_state` (a row), `window_refill`, `step_feed`,
+  `commit_rules`, `batch_fill`, `grammar_hook` and the cache interface `decoding_cache` (`ragged_cache`,
+  `slot_cache`); `window_filling`: the fill rule and sampler.
 - `dual_stream_loss`: the training loss the model returns on a dual-stream batch.
 - `loading_checks`: what `from_pretrained` refuses beyond transformers, naming the file and the fix.
 """

@@ -93,7 +93,7 @@ class DecodingSettings:
 class Fill:
     """A filled window slot. `final`: AR's own token, committed by the next forward without a check (lossless mode's
     final token; under a grammar, the draw that takes a failed sampled guess's place). `q` / `verifiable`: for
-    sampled drafts in lossless mode (see `draft_verification.judge_draft`). `source`: "model" (a fill by the entropy
+    sampled drafts in lossless mode (see `ArPredictions.judge`). `source`: "model" (a fill by the entropy
     rule), "context" (copied from the context; its q is a point mass), "forced" (the row's grammar allows nothing
     else; a point mass too) or "constrained" (chosen among the tokens the grammar allows, from the AR logits of the
     slot after the committed text). `guess`: an unconfident choice under a grammar, placed before a fixed string

@@ -171,7 +171,7 @@ def generate_wedlm(
     processors = _prepare_processors(model, config, input_ids, attention_mask, logits_processor)
     criteria = build_stopping_criteria(config, stopping_criteria, tokenizer)
     grammars = row_grammars(grammar, len(input_ids), tokenizer, model)
-    copies = config.num_return_sequences or 1  # each prompt's rows side by side, as generate returns them
+    copies = max(config.num_return_sequences or 1, 1)  # each prompt's rows side by side, as generate returns them
     grammars, prefixes = [g for g in grammars for _ in range(copies)], [p for p in prefixes for _ in range(copies)]
     input_ids, attention_mask = input_ids.repeat_interleave(copies, 0), attention_mask.repeat_interleave(copies, 0)
     if streamer is not None and input_ids.shape[0] != 1:

@@ -3,7 +3,7 @@
 A DynamicCache has one length for the whole batch, so rows cannot be cropped one by one. Instead every column
 carries a per-row validity bit that becomes the 2D attention mask: a row's rejected window slots (scratch K/V)
 are marked invalid rather than removed, and whole columns that no row keeps are cropped. Holes are squeezed out
-(`compact`) once they exceed a bound, so the cache never holds more than `max_dead` wasted columns per step.
+(`compact_if_needed`) once they exceed a bound, so the cache never holds more than `max_dead` wasted columns per step.
 Positions are not stored: RoPE is already applied to the cached keys, so columns can move freely.
 """
 
@@ -143,7 +143,8 @@ class RaggedCache:
         return causal & valid[:, None, None, :]
 
     def keep_leading(self, fed: int, keep: list[int]) -> None:
-        """Of the `fed` columns just appended, row b keeps its first keep[b]; the others become scratch."""
+        """Of the `fed` columns just appended, row b keeps its first keep[b] (real tokens, no padding among them:
+        `counts` grows by them); the others become scratch."""
         kept = max(keep)
         if fed > kept:
             self.cache.crop(-(fed - kept))
