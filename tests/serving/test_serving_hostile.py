@@ -146,7 +146,7 @@ def test_the_served_name_hides_the_model_path(process):
     health = httpx.get(f"{url}/health", timeout=10).text
     assert health.count("tiny") == 1 and "/" not in json.loads(health)["model"]
     wrong = httpx.post(f"{url}/v1/completions", json={"model": "default_model", "prompt": "x"}, timeout=10)
-    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "model"
+    assert wrong.status_code == 404 and wrong.json()["error"]["param"] == "model"
 
 
 def test_default_model_names_are_never_paths(tmp_path):

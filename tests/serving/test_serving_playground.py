@@ -36,6 +36,8 @@ def test_playground_streams_the_api_answer_coloured_by_forward(chromium, tmp_pat
             browser.type_into("#threshold", "0.6")
             browser.type_into("#max-tokens", "48")
             assert browser.eval("document.getElementById('lossless').checked") is False
+            # No API key is set: the key field is not shown (a CSS display rule used to override `hidden`).
+            assert browser.eval("getComputedStyle(document.getElementById('key-field')).display") == "none"
             browser.click("#send")
             browser.wait_for("document.getElementById('status').textContent === 'done'")
             text = browser.eval("document.getElementById('out').textContent")
@@ -75,6 +77,7 @@ def test_playground_asks_for_the_api_key_the_server_requires(chromium):
         try:
             browser.goto(server.url + "/")
             browser.wait_for("!document.getElementById('key-field').hidden")
+            assert browser.eval("getComputedStyle(document.getElementById('key-field')).display") != "none"
             assert "401" not in browser.eval("document.getElementById('model').textContent")
             browser.type_into("#api-key", "s3cret")
             browser.wait_for(f"document.getElementById('model').textContent === {MODEL_ID!r}")

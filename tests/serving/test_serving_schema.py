@@ -118,8 +118,14 @@ def test_refused_fields_are_named(body, param):
 
 
 def test_unknown_model_and_non_object_bodies():
-    error = refused(parse_completion, {"prompt": "x", "model": "gpt-4o"}, "model", "not served here")
-    assert error.code == "model_not_found"
+    for parse, body in (
+        (parse_completion, {"prompt": "x"}),
+        (parse_chat, {"messages": [{"role": "user", "content": "x"}]}),
+    ):
+        with pytest.raises(APIError, match="not served here") as error:  # OpenAI's and vLLM's status for it
+            parse({**body, "model": "gpt-4o"}, "m", DEFAULTS)
+        assert (error.value.status, error.value.param, error.value.code) == (404, "model", "model_not_found")
+        assert error.value.body()["error"]["type"] == "invalid_request_error"
     for body in ([], "x", None, 3):
         assert refused(parse_completion, body, None).code == "invalid_json"
 

@@ -196,8 +196,8 @@ def _common(
 ) -> None:
     model = body.get("model")
     if model is not None and model != model_id:
-        raise APIError(
-            400,
+        raise APIError(  # 404, as OpenAI and vLLM answer a model they do not serve
+            404,
             f"The model {model!r} is not served here; this server serves {model_id!r} (see GET /v1/models).",
             param="model",
             code="model_not_found",
