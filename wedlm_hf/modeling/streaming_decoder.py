@@ -62,7 +62,9 @@ class StreamingDecoder:
         self.mask_token_id = mask_token_id
         self.keep_cache = keep_cache
         self.token_budget = token_budget
-        self.kv: DecodingCache = cache if isinstance(cache, SlotCache) else RaggedCache(model, 0, 16, cache=cache)
+        self.kv: DecodingCache = (
+            cache if isinstance(cache, SlotCache) else RaggedCache(model, 0, max_dead=16, cache=cache)
+        )
         self.active: list[DecodingRow] = []
         self._joining: list[DecodingRow] = []
         self._count = 0
