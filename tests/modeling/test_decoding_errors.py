@@ -6,9 +6,7 @@ from conftest import build_model, prompts
 from transformers import (
     DynamicCache,
     GenerationConfig,
-    LogitsProcessor,
     LogitsProcessorList,
-    RepetitionPenaltyLogitsProcessor,
     TextStreamer,
     TopKLogitsWarper,
 )
@@ -43,9 +41,6 @@ def ids():
         ({"cache": DynamicCache(), "past_key_values": DynamicCache()}, "Pass the cache once"),
         ({"wedlm_windowsize": 4}, "wedlm_windowsize: unknown WeDLM option; known: wedlm_window_size"),
         ({"num_beams": 2}, "num_beams=2: beam search is unsupported; set num_beams=1"),
-        ({"repetition_penalty": 1.3}, r"RepetitionPenaltyLogitsProcessor.*repetition_penalty=1.0"),
-        ({"no_repeat_ngram_size": 2}, "NoRepeatNGramLogitsProcessor"),
-        ({"min_new_tokens": 3, "eos_token_id": 94}, "MinNewTokensLengthLogitsProcessor"),
         ({"use_cache": False}, "use_cache=False: WeDLM decoding is built on the KV cache"),
         ({"cache_implementation": "offloaded"}, "cache_implementation='offloaded'"),
         ({"output_attentions": True}, "does not accept output_attentions"),
@@ -66,16 +61,8 @@ def test_assistant_model_is_refused(model64, ids):
         wedlm(model64, ids, assistant_model=model64)
 
 
-def test_user_processors_must_be_score_only(model64, ids):
-    class Custom(LogitsProcessor):
-        def __call__(self, input_ids, scores):
-            return scores
-
-    with pytest.raises(ValueError, match="Custom"):
-        wedlm(model64, ids, logits_processor=LogitsProcessorList([Custom()]))
-    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor"):
-        wedlm(model64, ids, logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.2)]))
-    # A score-only warper is honoured: top-1 sampling is greedy decoding.
+def test_a_score_only_processor_is_honoured(model64, ids):
+    """Top-1 sampling is greedy decoding (processors that read the context: test_context_processors.py)."""
     greedy = wedlm(model64, ids, eos_token_id=None)
     out = wedlm(
         model64, ids, eos_token_id=None, do_sample=True, logits_processor=LogitsProcessorList([TopKLogitsWarper(1)])

@@ -11,7 +11,12 @@ import itertools
 import pytest
 import torch
 from conftest import chi_square_p_value, count_unfed_ends, peaky, tiny_config
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+from transformers import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 
 from wedlm_hf import WeDLMForCausalLM
 
@@ -89,3 +94,39 @@ def test_lossless_sampling_matches_ar_sampling(tiny_vocab_model, settings, monke
     # Power: without verification the fills follow the mask predictions, a different distribution.
     default = sample_counts(tiny_vocab_model, **settings)
     assert chi_square_p_value(default, expected, SAMPLES) < 1e-6
+
+
+def exact_ar_joint_in_context(model, processors) -> dict[tuple, float]:
+    """As `exact_ar_joint`, for processors that read the context: each position's with the tokens before it."""
+    prefixes = list(itertools.product(range(VOCAB), repeat=2))
+    ids = torch.tensor([PROMPT + list(p) for p in prefixes])
+    with torch.no_grad():
+        logits = model(ids).logits[:, -3:].float()
+    width = len(PROMPT)
+    probs = [
+        torch.softmax(
+            torch.cat(
+                [processors(ids[k : k + 1, : width + i], logits[k : k + 1, i].clone()) for k in range(len(prefixes))]
+            ),
+            dim=-1,
+        )
+        for i in range(3)
+    ]
+    joint = {}
+    for k, (a, b) in enumerate(prefixes):
+        for c in range(VOCAB):
+            joint[(a, b, c)] = float(probs[0][k, a] * probs[1][k, b] * probs[2][k, c])
+    return joint
+
+
+def test_lossless_sampling_with_a_repetition_penalty_matches_ar_sampling(tiny_vocab_model):
+    """A processor that reads the context is applied at each verified position with its real prefix: the samples
+    fit AR sampling with the same penalty, and not AR sampling without it (the test can tell them apart)."""
+    settings = dict(wedlm_window_size=3, wedlm_entropy_threshold=1e9, temperature=0.9, repetition_penalty=3.0)
+    temperature = LogitsProcessorList([TemperatureLogitsWarper(0.9)])
+    expected = exact_ar_joint_in_context(
+        tiny_vocab_model, LogitsProcessorList([RepetitionPenaltyLogitsProcessor(3.0), *temperature])
+    )
+    lossless = sample_counts(tiny_vocab_model, wedlm_lossless=True, **settings)
+    assert chi_square_p_value(lossless, expected, SAMPLES) > 1e-3
+    assert chi_square_p_value(lossless, exact_ar_joint(tiny_vocab_model, temperature), SAMPLES) < 1e-6

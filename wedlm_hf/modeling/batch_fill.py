@@ -24,7 +24,7 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], mask_logits: tor
     if not any(slots):
         return
     scores = suppress_token(mask_logits, mask_token_id)
-    greedy_rows = any(s and not row.settings.sampler.do_sample for row, s in zip(rows, slots))
+    greedy_rows = any(s and not _own_draw(row.settings.sampler) for row, s in zip(rows, slots))
     entropies = entropy(scores)
     if greedy_rows:  # the step's one read; token ids are exact in float32 below 2**24, vocabularies far below it
         entropies, top = torch.stack([entropies, greedy(scores).to(entropies.dtype)]).tolist()
@@ -44,29 +44,44 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], mask_logits: tor
         if settings.lossless and 0 not in picks:  # the leftmost mask is the next draft a verification reaches
             picks = [0, *picks]
         chosen += [(b, open_columns[i]) for i in picks]
-    sampled = [(b, c) for b, c in chosen if rows[b].settings.sampler.do_sample]
-    drawn = _sample(rows, scores, sampled) if sampled else {}
+    drawn = _draw(rows, scores, [(b, c) for b, c in chosen if _own_draw(rows[b].settings.sampler)], slots)
     for b, c in chosen:
         token, q = drawn[b, c] if (b, c) in drawn else (int(top[b][c]), None)
         rows[b].window[slots[b][c]] = Fill(token, q=q)
-    for b, c in sampled:
+    for b, c in drawn:
         row = rows[b]
-        if row.settings.lossless:  # a draft drawn after a mask before it was filled may have steered that one
-            slot = slots[b][c]
+        if row.settings.lossless and row.settings.sampler.do_sample:  # a draft drawn after a mask before it was
+            slot = slots[b][c]  # filled may have steered that one
             row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
 
 
-def _sample(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int]]) -> dict:
+def _own_draw(sampler) -> bool:
+    """Whether a row's fills need more than the batch's greedy tokens: a draw, or processors that change them."""
+    return sampler.do_sample or bool(sampler.warpers)
+
+
+def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int]], slots: list[dict]) -> dict:
     """(row, column) -> (token, the distribution it was drawn from where a lossless row needs it) for the
-    chosen (row, column) masks of sampled rows; rows sharing one sampler draw together, in `chosen`'s order."""
+    chosen (row, column) masks of rows with their own draw (`_own_draw`); rows sharing one sampler draw together,
+    in `chosen`'s order. A context-reading processor sees, at each mask, the committed text and the window's
+    filled slots before it, up to the first mask (exact for the leftmost mask; docs/usage.md)."""
     groups: dict[int, list[int]] = {}
     for k, (b, _) in enumerate(chosen):
         groups.setdefault(id(rows[b].settings.sampler), []).append(k)
     out = {}
     for members in groups.values():
         sampler = rows[chosen[members[0]][0]].settings.sampler
-        probs = sampler.probabilities(scores[[chosen[k][0] for k in members], [chosen[k][1] for k in members]])
-        for i, token in enumerate(sampler.draw(probs).tolist()):
+        block = scores[[chosen[k][0] for k in members], [chosen[k][1] for k in members]]
+        contexts = None
+        if sampler.reads_context:
+            contexts = []
+            for k in members:
+                row = rows[chosen[k][0]]
+                contexts += row.contexts([min(slots[chosen[k][0]][chosen[k][1]], row.leading_run())], scores.device)
+        probs = sampler.probabilities(block, contexts) if sampler.do_sample else None
+        tokens = sampler.draw(probs) if sampler.do_sample else sampler(block, contexts)
+        for i, token in enumerate(tokens.tolist()):
             b, c = chosen[members[i]]
-            out[b, c] = (token, probs[i] if rows[b].settings.lossless else None)
+            keep = probs is not None and rows[b].settings.lossless
+            out[b, c] = (token, probs[i] if keep else None)
     return out

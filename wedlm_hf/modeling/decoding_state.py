@@ -134,6 +134,7 @@ class DecodingRow:
     _taken: int = 0
     prefix: list | None = None  # K/V of the prompt's first tokens from elsewhere (a prefix cache), loaded on joining
     grammar: object | None = None  # the row's grammar state (`grammar_commit`), at the end of its committed text
+    padding: list[int] = field(default_factory=list)  # the batch's left padding before the prompt, as AR sees it
 
     @property
     def prefilled(self) -> bool:
@@ -155,6 +156,15 @@ class DecodingRow:
             return self.window.index(None)
         except ValueError:
             return len(self.window)
+
+    def contexts(self, slots: list[int], device) -> list[torch.Tensor]:
+        """For context-reading logits processors: the token ids before each window slot in `slots`, as AR `generate`
+        hands them to its processors there (left padding, prompt, committed text, then the window's tokens before the
+        slot, all of which must be filled)."""
+        window = [slot.token for slot in self.window[: max(slots, default=0)]]
+        ids = torch.tensor(self.padding + self.prompt + self.generated + window, dtype=torch.long, device=device)
+        base = len(ids) - len(window)
+        return [ids[: base + k] for k in slots]
 
     def own_drafts(self) -> int:
         """The model's own drafts (grammar-restricted or not) in the leading run, after the final token."""

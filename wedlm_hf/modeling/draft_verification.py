@@ -4,7 +4,7 @@ A WeDLM model is causal, so in every forward the row of a committed-order token 
 run is fed first, in logical order) is an ordinary next-token prediction given exactly the tokens before it. Those
 rows verify the drafts that follow: greedy keeps a draft only if it is the argmax, sampling keeps it with
 probability min(1, p/q) and otherwise draws from the normalised max(0, p - q) (speculative sampling), so the
-output is distributed exactly as plain AR decoding with the same warpers (docs/algorithm.md section 6).
+output is distributed exactly as plain AR decoding with the same logits processors (docs/algorithm.md section 6).
 """
 
 import torch
@@ -60,17 +60,30 @@ class ArPredictions:
 
 
 def ar_predictions(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:
-    """`ArPredictions` for every lossless row, computed in one pass per sampler (argmax, or the warped
-    distributions with one fresh draw and one uniform per position, used only where needed)."""
+    """`ArPredictions` for every lossless row, computed in one pass per sampler (argmax, or the processed
+    distributions with one fresh draw and one uniform per position, used only where needed). A context-reading
+    processor sees, at each position, the committed text and the window's drafts before it: the real prefix AR
+    `generate` would have there, so verification stays exact."""
     predictions, groups, top = {}, {}, None
     for b in ar_rows:
         groups.setdefault(id(rows[b].settings.sampler), []).append(b)
     for members in groups.values():
         sampler = rows[members[0]].settings.sampler
-        if sampler.do_sample:
+        if sampler.do_sample or sampler.warpers:
             sizes = [len(ar_rows[b]) for b in members]
             block = logits[[b for b in members for _ in ar_rows[b]], [c for b in members for c in ar_rows[b]]]
-            probs = sampler.probabilities(block)
+            contexts = None
+            if sampler.reads_context:  # row j predicts window slot j (a joining row) or j + 1 (one with a final token)
+                contexts = []
+                for b in members:
+                    shift = 1 if rows[b].prefilled else 0
+                    contexts += rows[b].contexts([j + shift for j in range(len(ar_rows[b]))], logits.device)
+            if not sampler.do_sample:
+                chosen = sampler(block, contexts).tolist()
+                for b, tokens in zip(members, _split(chosen, sizes)):
+                    predictions[b] = ArPredictions(sampler, tokens)
+                continue
+            probs = sampler.probabilities(block, contexts)
             fresh = sampler.draw(probs).tolist()
             uniforms = torch.rand(len(fresh), generator=sampler.generator, device=probs.device).tolist()
             parts = zip(probs.split(sizes), _split(fresh, sizes), _split(uniforms, sizes))

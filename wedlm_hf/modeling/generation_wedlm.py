@@ -7,20 +7,13 @@ any causal LM that takes `position_ids` and a `DynamicCache` (WeDLM, Qwen2, Qwen
 the one transformers uses for Hub `custom_generate` methods.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LogitsProcessorList, StaticCache, StoppingCriteriaList
 from transformers.generation import (
-    EpsilonLogitsWarper,
-    EtaLogitsWarper,
     GenerateDecoderOnlyOutput,
-    MinPLogitsWarper,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    TypicalLogitsWarper,
 )
 
 from .batch_stopping import BatchStoppingCriteria
@@ -42,21 +35,11 @@ from .generation_inputs import (
 from .grammar_commit import allowed_tokens
 from .streaming_decoder import StreamingDecoder
 from .transformers_versions import OUTPUT_CACHE_FIELD, cache_argument
-from .window_filling import FillSampler
+from .window_filling import FillSampler, sampling_processors
 
 STRATEGIES = ("ar", "wedlm")
 # What a WeDLM generation config holds by default: the strategy, and every option of `WeDLMDecodingConfig`.
 WEDLM_GENERATION_DEFAULTS = {"strategy": "ar", **WeDLMDecodingConfig().as_kwargs()}
-# Warpers that read only the scores, so they mean the same for a masked slot as for a next token.
-_SCORE_ONLY_WARPERS = (
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    MinPLogitsWarper,
-    TypicalLogitsWarper,
-    EpsilonLogitsWarper,
-    EtaLogitsWarper,
-)
 # Options that change nothing unless another unsupported option (beam search, assisted decoding) is also on.
 _INERT_OPTIONS = {"early_stopping", "length_penalty"}
 
@@ -168,19 +151,26 @@ def generate_wedlm(
     input_ids, attention_mask, prefixes, max_new = _prepare_inputs(
         model, config, input_ids, attention_mask, given_cache
     )
-    processors = _prepare_processors(model, config, input_ids, attention_mask, logits_processor)
+    processors = sampling_processors(model, config, input_ids, attention_mask, logits_processor)
     criteria = build_stopping_criteria(config, stopping_criteria, tokenizer)
     grammars = row_grammars(grammar, len(input_ids), tokenizer, model)
+    settings, pad_token_id = _prepare_settings(config, options, processors, criteria, max_new, len(input_ids))
     copies = max(config.num_return_sequences or 1, 1)  # each prompt's rows side by side, as generate returns them
+    settings = _row_settings(model, config, settings, input_ids, attention_mask, logits_processor, copies)
     grammars, prefixes = [g for g in grammars for _ in range(copies)], [p for p in prefixes for _ in range(copies)]
     input_ids, attention_mask = input_ids.repeat_interleave(copies, 0), attention_mask.repeat_interleave(copies, 0)
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError("`streamer` takes one sequence: generate with batch size 1 (and num_return_sequences=1).")
-    settings, pad_token_id = _prepare_settings(config, options, processors, criteria, max_new, len(input_ids))
 
     decoder = _prepare_decoder(model, config, given_cache, mask_token_id, len(input_ids), attention_mask, max_new)
     rows = [
-        decoder.add(input_ids[b][attention_mask[b].bool()].tolist(), settings, prefix=p, grammar=g and g.matcher())
+        decoder.add(
+            input_ids[b][attention_mask[b].bool()].tolist(),
+            settings[b],
+            prefix=p,
+            grammar=g and g.matcher(),
+            padding=input_ids[b][~attention_mask[b].bool()].tolist(),
+        )
         for b, (g, p) in enumerate(zip(grammars, prefixes))
     ]
     _decode(decoder, rows, BatchStoppingCriteria(criteria, input_ids, pad_token_id), streamer, input_ids)
@@ -234,25 +224,23 @@ def _prepare_inputs(model, config, input_ids, attention_mask, given_cache):
     return input_ids, attention_mask, prefixes, max_new
 
 
-def _prepare_processors(model, config, input_ids, attention_mask, logits_processor) -> LogitsProcessorList:
-    """generate's logits processors for this config, refused unless each reads the scores alone."""
-    processors = model._get_logits_processor(
-        generation_config=config,
-        input_ids_seq_length=input_ids.shape[1],
-        encoder_input_ids=input_ids,
-        logits_processor=logits_processor,
-        device=model.device,
-        model_kwargs={"attention_mask": attention_mask},
-    )
-    unsupported = [type(p).__name__ for p in processors if not isinstance(p, _SCORE_ONLY_WARPERS)]
-    refuse(
-        bool(unsupported),
-        "logits processors " + ", ".join(unsupported),
-        "strategy='wedlm' honours only score-only sampling warpers (temperature, top_k, top_p, min_p, typical_p, "
-        "epsilon_cutoff, eta_cutoff); unset the options or processors that add the others "
-        "(e.g. repetition_penalty=1.0)",
-    )
-    return processors
+def _row_settings(model, config, settings, input_ids, attention_mask, logits_processor, copies: int) -> list:
+    """Each row's settings: the batch's, or, where a processor reads the context, one sampler per prompt with
+    processors built for that prompt alone (transformers' processors may hold per-row state, such as a repetition
+    penalty's padding lengths, shaped for the batch they were built for)."""
+    if not settings.sampler.reads_context:
+        return [settings] * (len(input_ids) * copies)
+    own, by_mask = [], {}  # a processor's per-row state comes from the row's attention mask only
+    for b in range(len(input_ids)):
+        key = tuple(attention_mask[b].tolist())
+        if key not in by_mask:
+            padded = not all(key)  # without padding, the mask changes nothing and the processors hold no row state
+            mask = attention_mask[b : b + 1] if padded else None
+            processors = sampling_processors(model, config, input_ids[b : b + 1], mask, logits_processor)
+            sampler = FillSampler(settings.sampler.do_sample, processors, row_state=padded)
+            by_mask[key] = replace(settings, sampler=sampler)
+        own += [by_mask[key]] * copies
+    return own
 
 
 def _prepare_settings(config, options, processors, criteria, max_new: int, batch: int):
@@ -284,9 +272,11 @@ def _prepare_decoder(model, config, given_cache, mask_token_id: int, rows: int, 
 
 
 def _decode(decoder: StreamingDecoder, rows: list, stopping: BatchStoppingCriteria, streamer, input_ids) -> None:
-    """The loop: a step, the stopping criteria, the streamer's new text, until every row is done."""
+    """The loop: a step, the stopping criteria, the streamer's new text (and, for a streamer with `put_draft`, the
+    window's drafts), until every row is done."""
     if streamer is not None:
         streamer.put(input_ids.cpu())
+    drafts = streamer is not None and hasattr(streamer, "put_draft")
     streamed = 0
     while decoder.busy:
         decoder.step()
@@ -295,8 +285,17 @@ def _decode(decoder: StreamingDecoder, rows: list, stopping: BatchStoppingCriter
         if streamer is not None and len(rows[0].generated) > streamed:
             streamer.put(torch.tensor(rows[0].generated[streamed:]))
             streamed = len(rows[0].generated)
+        if drafts and not rows[0].done and any(slot is not None for slot in rows[0].window):
+            streamer.put_draft(value=window_draft(rows[0], decoder.mask_token_id))
     if streamer is not None:
         streamer.end()
+
+
+def window_draft(row, mask_token_id: int) -> torch.Tensor:
+    """The row's window as a (1, slots) tensor of token ids, open masks as `mask_token_id`: the tokens placed after
+    the committed text that the next forwards may commit, as transformers' diffusion streamers take a draft
+    (`TextDiffusionStreamer.put_draft(value=...)`)."""
+    return torch.tensor([[mask_token_id if slot is None else slot.token for slot in row.window]])
 
 
 def _output(config, rows, input_ids, attention_mask, pad_token_id, processors, grammars, given_cache):

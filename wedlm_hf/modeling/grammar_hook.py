@@ -12,7 +12,7 @@ import torch
 from .decoding_state import DecodingRow, Fill
 from .draft_verification import ArPredictions
 from .grammar_commit import allowed_along, allowed_tokens, restrict, valid_prefix
-from .window_filling import entropy, greedy
+from .window_filling import entropy
 
 MAX_FORCED = 64  # forced tokens placed per step and row, beyond the window (a grammar's fixed string)
 GUESS_PROBABILITY = 0.3  # a guess's least probability under its mask (restricted); at 0 failed guesses cost more
@@ -54,11 +54,12 @@ def commit_valid(row: DecodingRow, run: int) -> tuple[int, bool]:
         allowed = allowed_tokens(row.grammar, stop_ids)
         row.grammar.rollback(i)
         scores = restrict(row.step_logits[i - 1].float(), allowed)[None]
+        contexts = row.contexts([i], scores.device) if sampler.reads_context else None
         if sampler.do_sample:  # a guess is a point-mass draft: kept with probability p(g), else p without g
-            p = sampler.probabilities(scores)
+            p = sampler.probabilities(scores, contexts)
             ar = ArPredictions(sampler, [], p, [sampler.uniform(p.device)])
         else:
-            ar = ArPredictions(sampler, greedy(scores).tolist())
+            ar = ArPredictions(sampler, sampler(scores, contexts).tolist())
         replacement = ar.judge(0, row.window[i])
         if replacement is None:
             continue
@@ -186,7 +187,9 @@ def _walk(row: DecodingRow, mask_logits: dict[int, torch.Tensor], slot: int) -> 
                 break
             guessed = True
         else:
-            token = int(settings.sampler(restricted)[0])
+            sampler = settings.sampler
+            contexts = row.contexts([slot], restricted.device) if sampler.reads_context else None
+            token = int(sampler(restricted, contexts)[0])
         if slot == len(window):
             window.append(None)
         window[slot] = Fill(token, source="constrained", guess=guess)

@@ -70,18 +70,29 @@ class StreamingDecoder:
         self._count = 0
 
     def add(
-        self, prompt: list[int], settings: DecodingSettings, prefix: list | None = None, grammar=None
+        self,
+        prompt: list[int],
+        settings: DecodingSettings,
+        prefix: list | None = None,
+        grammar=None,
+        padding: list[int] | None = None,
     ) -> DecodingRow:
         """A row that joins at the next step. `prefix`: per layer, (heads, n, head_dim) K/V of the prompt's first n
         tokens (n < len(prompt), computed by this model at positions 0..n-1), which the row then does not feed.
-        `grammar`: a fresh grammar state (`grammar_commit`) the row's generated text must match."""
+        `grammar`: a fresh grammar state (`grammar_commit`) the row's generated text must match. `padding`: the
+        left padding before the prompt in a batch, which context-reading logits processors see as AR's do."""
         if not prompt:
             raise ValueError("Every prompt needs at least one token.")
         cached = prefix[0][0].shape[1] if prefix else 0
         if cached >= len(prompt):
             raise ValueError("A cached prefix must leave at least the prompt's last token to feed.")
         row = DecodingRow(
-            index=self._count, prompt=list(prompt), settings=settings, prefix=prefix or None, grammar=grammar
+            index=self._count,
+            prompt=list(prompt),
+            settings=settings,
+            prefix=prefix or None,
+            grammar=grammar,
+            padding=list(padding or []),
         )
         row.prompt_fed = cached
         if grammar is not None:  # what the grammar forces first is fed with the prompt and commits with it

@@ -7,6 +7,15 @@ tokens come from the sampler, which applies the sampling warpers to the same sup
 
 import torch
 from transformers import LogitsProcessorList
+from transformers.generation import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -43,23 +52,85 @@ def choose_fills(entropies: list[float], offsets: list[int], threshold: float | 
     return [min(range(len(adjusted)), key=adjusted.__getitem__)]
 
 
+# Warpers that read only the scores, so they mean the same at any slot, whatever its context.
+SCORE_ONLY_PROCESSORS = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+)
+
+
+def reads_context(processor) -> bool:
+    """Whether a logits processor reads `input_ids` (a repetition penalty, a minimum length, a bad-words ban): one
+    that does is applied slot by slot with that slot's own context. A processor class may declare
+    `reads_input_ids = False` to be treated as score-only."""
+    return not isinstance(processor, SCORE_ONLY_PROCESSORS) and getattr(processor, "reads_input_ids", True)
+
+
+def sampling_processors(model, config, input_ids, attention_mask=None, logits_processor=None) -> LogitsProcessorList:
+    """The logits processors AR `generate` builds for a generation `config` on these prompts, the caller's own
+    `logits_processor` merged in as generate merges them: what `generate(strategy="wedlm")` and the server sample
+    with."""
+    return model._get_logits_processor(
+        generation_config=config,
+        input_ids_seq_length=input_ids.shape[1],
+        encoder_input_ids=input_ids,
+        logits_processor=logits_processor,
+        device=input_ids.device,
+        model_kwargs={"attention_mask": attention_mask},
+    )
+
+
 class FillSampler:
-    """Greedy argmax, or sampling through score-only warpers (temperature, top-k, top-p, ...) built by `generate`.
+    """Greedy argmax, or sampling, after `generate`'s logits processors (temperature, top-k, top-p, penalties, ...).
 
     The same sampler draws the fills of masked slots and, in lossless decoding, the model's own AR tokens; the
-    optional `generator` makes one row's draws independent of the others' (a server's per-request `seed`).
+    optional `generator` makes one row's draws independent of the others' (a server's per-request `seed`). Where a
+    processor reads the context (`reads_context`), each logits row is processed with its own token ids before it,
+    as AR `generate` would process that position (`contexts`: one 1-D LongTensor per row), rows of one length
+    together unless the processors hold per-row state (`row_state`: built for a batch of one, as transformers builds
+    a repetition penalty for a padded row); score-only processors take the whole block at once.
     """
 
-    def __init__(self, do_sample: bool = False, warpers: LogitsProcessorList | None = None, generator=None):
+    def __init__(
+        self,
+        do_sample: bool = False,
+        warpers: LogitsProcessorList | None = None,
+        generator=None,
+        row_state: bool = False,
+    ):
         self.do_sample = do_sample
         self.warpers = warpers or LogitsProcessorList()
         self.generator = generator
+        self.reads_context = any(reads_context(p) for p in self.warpers)
+        self.row_state = row_state
 
-    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distribution (N, vocab) a sample is drawn from: softmax of the warped float logits."""
+    def scores(self, logits: torch.Tensor, contexts: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """The processed float logits (N, vocab): `contexts` (one per row) are needed where `reads_context`."""
         logits = logits.float()
-        no_context = torch.empty((logits.shape[0], 0), dtype=torch.long, device=logits.device)
-        return torch.softmax(self.warpers(no_context, logits), dim=-1)
+        if not self.reads_context:
+            no_context = torch.empty((logits.shape[0], 0), dtype=torch.long, device=logits.device)
+            return self.warpers(no_context, logits)
+        if contexts is None or len(contexts) != logits.shape[0]:
+            raise RuntimeError("A context-reading logits processor got no context: this is a bug in wedlm_hf.")
+        if self.row_state:
+            return torch.cat([self.warpers(c[None], logits[n : n + 1].clone()) for n, c in enumerate(contexts)])
+        by_length: dict[int, list[int]] = {}
+        for n, context in enumerate(contexts):
+            by_length.setdefault(len(context), []).append(n)
+        out = torch.empty_like(logits)
+        for members in by_length.values():
+            ids = torch.stack([contexts[n] for n in members])
+            out[members] = self.warpers(ids, logits[members])  # indexing copies: the processors may write in place
+        return out
+
+    def probabilities(self, logits: torch.Tensor, contexts: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """The distribution (N, vocab) a sample is drawn from: softmax of the processed float logits."""
+        return torch.softmax(self.scores(logits, contexts), dim=-1)
 
     def draw(self, probabilities: torch.Tensor) -> torch.Tensor:
         """One token id per row of a (N, vocab) distribution."""
@@ -69,8 +140,8 @@ class FillSampler:
         """A U(0, 1) draw from the same stream, for accepting or rejecting a draft."""
         return float(torch.rand((), generator=self.generator, device=device))
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, contexts: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Token ids (N,) for logits (N, vocab) (for fills, the mask token is already suppressed)."""
         if not self.do_sample:
-            return greedy(logits)
-        return self.draw(self.probabilities(logits))
+            return greedy(self.scores(logits, contexts) if self.warpers else logits)
+        return self.draw(self.probabilities(logits, contexts))
