@@ -9,9 +9,15 @@ import torch
 from wedlm_hf.evaluation.step_benchmark import HostReads
 from wedlm_hf.modeling.batch_fill import fill_masks
 from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
+from wedlm_hf.modeling.step_readout import read_step
 from wedlm_hf.modeling.window_filling import FillSampler, choose_fills, entropy, greedy, suppress_token
 
 VOCAB, MASK = 12, 11
+
+
+def fill(rows, masks, logits, mask_token_id):
+    """The step's fill on mask logits alone: its readout, then the fills."""
+    fill_masks(rows, masks, read_step(rows, logits, logits.shape[1], mask_token_id, {}))
 
 
 def random_rows(rng: random.Random, batch: int) -> tuple[list[DecodingRow], list[list[int]], int]:
@@ -68,7 +74,7 @@ def test_the_batch_fill_chooses_what_the_rule_chooses_row_by_row():
         expected = [
             expected_fills(row, m, logits[b, n_masks - len(m) :]) for b, (row, m) in enumerate(zip(rows, masks))
         ]
-        fill_masks(rows, masks, logits, MASK)
+        fill(rows, masks, logits, MASK)
         for row, old, fills in zip(rows, before, expected):
             placed = {i: slot.token for i, slot in enumerate(row.window) if slot is not None and old[i] is None}
             assert placed == fills, (trial, row.settings)
@@ -88,7 +94,7 @@ def test_a_lossless_row_always_drafts_its_leftmost_mask():
         )
         row.prompt_fed = 3
         rows.append(row)
-    fill_masks(rows, [[row.committed + 1, row.committed + 2, row.committed + 3] for row in rows], logits, 1)
+    fill(rows, [[row.committed + 1, row.committed + 2, row.committed + 3] for row in rows], logits, 1)
     lossless_fills, default_fills = ([slot is not None for slot in row.window[1:]] for row in rows)
     assert lossless_fills == [True, False, True]
     assert default_fills == [False, False, True]
@@ -108,7 +114,7 @@ def test_greedy_fills_take_one_host_read_and_sampled_rows_draw_alone_or_batched(
     n_masks = max(len(m) for m in masks)
     logits = torch.randn((len(rows), n_masks, VOCAB), generator=torch.Generator().manual_seed(1))
     with HostReads() as reads:
-        fill_masks(rows, masks, logits, MASK)
+        fill(rows, masks, logits, MASK)
     assert reads.count == 1
 
     def sampled_fills(batch: list[int]) -> list:
@@ -119,7 +125,7 @@ def test_greedy_fills_take_one_host_read_and_sampled_rows_draw_alone_or_batched(
             row = DecodingRow(index=b, prompt=[1, 2, 3], settings=settings, window=[None] * 4)
             row.prompt_fed = 3
             group.append(row)
-        fill_masks(group, [[3, 4, 5, 6]] * len(group), logits[batch, :1].expand(-1, 4, -1).contiguous(), MASK)
+        fill(group, [[3, 4, 5, 6]] * len(group), logits[batch, :1].expand(-1, 4, -1).contiguous(), MASK)
         return [[None if slot is None else slot.token for slot in row.window] for row in group]
 
     alone = [sampled_fills([b])[0] for b in range(4)]

@@ -1,5 +1,5 @@
-"""The step as a whole: in default mode a step reads the device once (the step's fills), whatever the batch, on the
-dynamic and the static cache; rows that join mid-way and rows that finish do not add reads. (The first forward, on an
+"""The step as a whole: in default and lossless greedy mode a step reads the device once (the step's fills and AR
+choices), whatever the batch, on the dynamic and the static cache; rows that join mid-way and rows that finish do not add reads. (The first forward, on an
 empty dynamic cache, passes transformers the 2D mask, and transformers' mask function reads it to choose sdpa's
 causal kernel, as in AR's prefill.)"""
 
@@ -13,11 +13,14 @@ from wedlm_hf.modeling.slot_cache import SlotCache
 from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
 
 
-@pytest.mark.parametrize("static", [False, True])
-def test_a_default_mode_step_reads_the_device_once(model64, static):
+@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_a_step_reads_the_device_once(model64, static, lossless):
     cache = SlotCache(model64, slots=4, max_length=96) if static else None
     decoder = StreamingDecoder(model64, MASK_ID, cache=cache)
-    settings = DecodingSettings(max_new_tokens=30, window_size=6, entropy_threshold=1.0, stop_ids=frozenset({EOS_ID}))
+    settings = DecodingSettings(
+        max_new_tokens=30, window_size=6, entropy_threshold=1.0, stop_ids=frozenset({EOS_ID}), lossless=lossless
+    )
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, EOS_ID, (n,), generator=g).tolist() for n in (5, 9, 7, 12)]
     for prompt in prompts[:3]:
@@ -25,7 +28,8 @@ def test_a_default_mode_step_reads_the_device_once(model64, static):
     reads, steps = [], 0
     while decoder.busy:
         if steps == 3:
-            decoder.add(prompts[3], DecodingSettings(max_new_tokens=8, window_size=4))  # joins a running batch
+            joining = DecodingSettings(max_new_tokens=8, window_size=4, lossless=not lossless)  # the other mode
+            decoder.add(prompts[3], joining)  # joins a running batch
         with HostReads() as counted:
             decoder.step()
         reads.append(counted.count)

@@ -1,35 +1,32 @@
-"""The step's fill: which open masks of every row get a token, and which, with one read from the device.
+"""The step's fill: which open masks of every row get a token, and which.
 
 The device computes, for every mask column of the batch at once, the entropy the rule needs and the greedy token;
-the host reads both in one transfer and applies the rule (`window_filling.choose_fills`, docs/algorithm.md section
-3.d) row by row, on a few floats per row. Per-row work on the device is left to what differs by row: a sampled row's
-draws (rows that share a sampler draw together, each row's in slot order, so what a row draws never depends on the
-other rows).
+the host reads both in the step's one transfer (`step_readout`) and applies the rule (`window_filling.choose_fills`,
+docs/algorithm.md section 3.d) row by row, on a few floats per row. Per-row work on the device is left to what
+differs by row: a sampled row's draws (rows that share a sampler draw together, each row's in slot order, so what a
+row draws never depends on the other rows).
 """
 
 import torch
 
 from .decoding_state import DecodingRow, Fill
 from .step_feed import open_masks
-from .window_filling import choose_fills, entropy, greedy, suppress_token
+from .step_readout import StepReadout, own_draw
+from .window_filling import choose_fills
 
 
-def fill_masks(rows: list[DecodingRow], masks: list[list[int]], mask_logits: torch.Tensor, mask_token_id: int) -> None:
-    """Fills the open masks of `rows` from this step's `mask_logits` (batch, n_masks, vocab), row b's fed masks
-    at logical positions `masks[b]`, right-aligned. Every mask under the threshold (entropy plus the position
-    penalty from the row's leftmost open mask) is filled, else the row's lowest one; lossless mode always fills its
-    leftmost open mask, the next draft a verification reaches."""
-    n_masks = mask_logits.shape[1]
+def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepReadout) -> None:
+    """Fills the open masks of `rows` from this step's `readout` (`step_readout`), row b's fed masks at logical
+    positions `masks[b]`, right-aligned. Every mask under the threshold (entropy plus the position penalty from the
+    row's leftmost open mask) is filled, else the row's lowest one; lossless mode always fills its leftmost open
+    mask, the next draft a verification reaches."""
+    if readout.scores is None:
+        return
+    n_masks = readout.scores.shape[1]
     slots = [{} if row.done or not masks[b] else dict(open_masks(row, masks[b], n_masks)) for b, row in enumerate(rows)]
     if not any(slots):
         return
-    scores = suppress_token(mask_logits, mask_token_id)
-    greedy_rows = any(s and not _own_draw(row.settings.sampler) for row, s in zip(rows, slots))
-    entropies = entropy(scores)
-    if greedy_rows:  # the step's one read; token ids are exact in float32 below 2**24, vocabularies far below it
-        entropies, top = torch.stack([entropies, greedy(scores).to(entropies.dtype)]).tolist()
-    else:
-        entropies, top = entropies.tolist(), None
+    entropies, top = readout.entropies, readout.top
     chosen = []  # (batch row, mask column), each row's in slot order
     for b, row in enumerate(rows):
         if not slots[b]:
@@ -44,7 +41,7 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], mask_logits: tor
         if settings.lossless and 0 not in picks:  # the leftmost mask is the next draft a verification reaches
             picks = [0, *picks]
         chosen += [(b, open_columns[i]) for i in picks]
-    drawn = _draw(rows, scores, [(b, c) for b, c in chosen if _own_draw(rows[b].settings.sampler)], slots)
+    drawn = _draw(rows, readout.scores, [(b, c) for b, c in chosen if own_draw(rows[b])], slots)
     for b, c in chosen:
         token, q = drawn[b, c] if (b, c) in drawn else (int(top[b][c]), None)
         rows[b].window[slots[b][c]] = Fill(token, q=q)
@@ -55,14 +52,9 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], mask_logits: tor
             row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
 
 
-def _own_draw(sampler) -> bool:
-    """Whether a row's fills need more than the batch's greedy tokens: a draw, or processors that change them."""
-    return sampler.do_sample or bool(sampler.warpers)
-
-
 def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int]], slots: list[dict]) -> dict:
     """(row, column) -> (token, the distribution it was drawn from where a lossless row needs it) for the
-    chosen (row, column) masks of rows with their own draw (`_own_draw`); rows sharing one sampler draw together,
+    chosen (row, column) masks of rows with their own draw (`own_draw`); rows sharing one sampler draw together,
     in `chosen`'s order. A context-reading processor sees, at each mask, the committed text and the window's
     filled slots before it, up to the first mask (exact for the leftmost mask; docs/usage.md)."""
     groups: dict[int, list[int]] = {}

@@ -9,7 +9,7 @@ output is distributed exactly as plain AR decoding with the same logits processo
 
 import torch
 
-from .window_filling import FillSampler, greedy
+from .window_filling import FillSampler
 
 
 class ArPredictions:
@@ -59,12 +59,13 @@ class ArPredictions:
         return int(self.sampler.draw((residual / residual.sum())[None])[0])
 
 
-def ar_predictions(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:
-    """`ArPredictions` for every lossless row, computed in one pass per sampler (argmax, or the processed
-    distributions with one fresh draw and one uniform per position, used only where needed). A context-reading
-    processor sees, at each position, the committed text and the window's drafts before it: the real prefix AR
-    `generate` would have there, so verification stays exact."""
-    predictions, groups, top = {}, {}, None
+def ar_predictions(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int]], top: list | None) -> dict:
+    """`ArPredictions` for every lossless row: greedy rows' from `top` (the step's readout: per row, the argmax of
+    every logits column), the others computed in one pass per sampler (the processed argmax, or distributions with
+    one fresh draw and one uniform per position, used only where needed). A context-reading processor sees, at each
+    position, the committed text and the window's drafts before it: the real prefix AR `generate` would have there,
+    so verification stays exact."""
+    predictions, groups = {}, {}
     for b in ar_rows:
         groups.setdefault(id(rows[b].settings.sampler), []).append(b)
     for members in groups.values():
@@ -89,10 +90,9 @@ def ar_predictions(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int
             parts = zip(probs.split(sizes), _split(fresh, sizes), _split(uniforms, sizes))
             for b, (p, f, u) in zip(members, parts):
                 predictions[b] = ArPredictions(sampler, f, p, u)
-        else:  # the argmax of every column at once costs less than gathering the rows first
-            top = greedy(logits).tolist() if top is None else top
+        else:
             for b in members:
-                predictions[b] = ArPredictions(sampler, [top[b][c] for c in ar_rows[b]])
+                predictions[b] = ArPredictions(sampler, [int(top[b][c]) for c in ar_rows[b]])
     return predictions
 
 

@@ -163,18 +163,22 @@ def generate_wedlm(
         raise ValueError("`streamer` takes one sequence: generate with batch size 1 (and num_return_sequences=1).")
 
     decoder = _prepare_decoder(model, config, given_cache, mask_token_id, len(input_ids), attention_mask, max_new)
-    rows = [
-        decoder.add(
-            input_ids[b][attention_mask[b].bool()].tolist(),
-            settings[b],
-            prefix=p,
-            grammar=g and g.matcher(),
-            padding=input_ids[b][~attention_mask[b].bool()].tolist(),
-        )
-        for b, (g, p) in enumerate(zip(grammars, prefixes))
-    ]
+    rows = _prepare_rows(decoder, input_ids, attention_mask, settings, grammars, prefixes)
     _decode(decoder, rows, BatchStoppingCriteria(criteria, input_ids, pad_token_id), streamer, input_ids)
     return _output(config, rows, input_ids, attention_mask, pad_token_id, processors, grammars, given_cache)
+
+
+def _prepare_rows(decoder, input_ids, attention_mask, settings: list, grammars: list, prefixes: list) -> list:
+    """The decoder's rows, one per sequence: its prompt, and the padding before it that context-reading processors
+    see."""
+    rows = []
+    for b, (g, p) in enumerate(zip(grammars, prefixes)):
+        real = attention_mask[b].bool()
+        padding = input_ids[b][~real].tolist()
+        rows.append(
+            decoder.add(input_ids[b][real].tolist(), settings[b], prefix=p, grammar=g and g.matcher(), padding=padding)
+        )
+    return rows
 
 
 def _prepare_wedlm_options(kwargs: dict) -> dict:

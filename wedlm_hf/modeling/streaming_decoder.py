@@ -34,6 +34,7 @@ from .grammar_hook import MAX_FORCED, constrain_window, restrict_to_grammar
 from .ragged_cache import RaggedCache
 from .slot_cache import SlotCache
 from .step_feed import StepFeed, build_feed, logit_columns, open_masks
+from .step_readout import StepReadout, read_step
 from .window_refill import refill
 
 
@@ -141,8 +142,13 @@ class StreamingDecoder:
                 row.stats.rows_fed += filled + len(masks)
         columns, ar_columns, sparse = logit_columns(rows, feed)
         logits = self.kv.forward(feed.ids, feed.positions, feed.valid, columns, feed.prefill, feed.counts)
-        kept, stale = self._commit(rows, feed, logits, {c: j for j, c in enumerate(columns)}, ar_columns, sparse)
-        self._fill(rows, feed, logits[:, len(columns) - feed.n_masks :], stale)
+        column = {c: j for j, c in enumerate(columns)}
+        ar_rows = {b: [column[c] for c in cs] for b, cs in ar_columns.items()}
+        for b, cs in ar_rows.items():
+            _follow_ar_logits(rows[b], logits[b], cs, feed.starts[b], feed.runs[b], sparse.get(b))
+        readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows)
+        kept, stale = self._commit(rows, feed, logits, ar_rows, readout)
+        self._fill(rows, feed, logits[:, len(columns) - feed.n_masks :], readout, stale)
         finished = [row for row in rows if row.done]
         if finished:
             self._retire(finished)
@@ -172,14 +178,12 @@ class StreamingDecoder:
         decoding = max((len(row.window) for row in rows if row.prefilled), default=0)
         return max(decoding, self.token_budget // len(rows), 1)
 
-    def _commit(self, rows, feed: StepFeed, logits, column: dict, ar_columns: dict, sparse: dict):
+    def _commit(self, rows, feed: StepFeed, logits, ar_rows: dict, readout: StepReadout):
         """Phase 5: each row's commit rule; the cache keeps a joining row's prompt (the first columns it was fed)
         and every row's committed run. Returns the tokens each row committed and the rows whose mask fills are
         void (a failed guess under a grammar: every mask saw it)."""
-        ar_rows = {b: [column[c] for c in cs] for b, cs in ar_columns.items()}
-        for b, cs in ar_rows.items():
-            _follow_ar_logits(rows[b], logits[b], cs, feed.starts[b], feed.runs[b], sparse.get(b))
-        predictions = ar_predictions(rows, logits, {b: cs for b, cs in ar_rows.items() if rows[b].settings.lossless})
+        lossless = {b: cs for b, cs in ar_rows.items() if rows[b].settings.lossless}
+        predictions = ar_predictions(rows, logits, lossless, readout.ar_top)
         kept, stale = [], set()
         for b, row in enumerate(rows):
             count, failed = commit(row, feed.runs[b], predictions.get(b)) if feed.decodes[b] else (0, False)
@@ -192,7 +196,7 @@ class StreamingDecoder:
             self.kv.keep_leading(feed.width, [s + min(n, f) for s, n, f in zip(feed.starts, kept, feed.filled)])
         return kept, stale
 
-    def _fill(self, rows, feed: StepFeed, mask_logits: torch.Tensor, stale: set) -> None:
+    def _fill(self, rows, feed: StepFeed, mask_logits: torch.Tensor, readout: StepReadout, stale: set) -> None:
         """Phase 6: the entropy rule's fills for the batch; then each grammar row's walk; then a window that runs to
         the row's end commits."""
         n_masks = feed.n_masks
@@ -202,7 +206,7 @@ class StreamingDecoder:
         # among the tokens the grammar allows.
         lossless_masks = {b: open_masks(rows[b], masks[b], n_masks) for b in grammar_rows if rows[b].settings.lossless}
         if n_masks:
-            fill_masks(rows, masks, mask_logits, self.mask_token_id)
+            fill_masks(rows, masks, readout)
         for b in grammar_rows:
             row = rows[b]
             if not row.done:
