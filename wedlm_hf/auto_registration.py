@@ -20,14 +20,18 @@ _executing: set[str] = set()  # watched modules whose code is running right now
 
 
 def register() -> None:
-    """Model type "wedlm" for AutoConfig / AutoModel / AutoModelForCausalLM, and remote code on save."""
+    """Model type "wedlm" for AutoConfig / AutoModel / AutoModelForCausalLM, and remote code on save.
+
+    AutoModel gives the causal LM, as a Hub export's `auto_map` does (`wedlm_hf.hub.AUTO_MAP`): with or without
+    wedlm_hf, `AutoModel.from_pretrained(...)` can `generate(strategy="wedlm")`; its `.model` is the base model. A
+    bare `WeDLMModel` still saves its own code under "AutoModel"."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     from . import hub  # noqa: F401  (attaches WeDLMForCausalLM.push_to_hub)
     from .modeling import WeDLMConfig, WeDLMForCausalLM, WeDLMModel
 
     AutoConfig.register("wedlm", WeDLMConfig, exist_ok=True)
-    AutoModel.register(WeDLMConfig, WeDLMModel, exist_ok=True)
+    AutoModel.register(WeDLMConfig, WeDLMForCausalLM, exist_ok=True)
     AutoModelForCausalLM.register(WeDLMConfig, WeDLMForCausalLM, exist_ok=True)
     WeDLMConfig.register_for_auto_class()
     WeDLMModel.register_for_auto_class("AutoModel")

@@ -9,7 +9,7 @@
 
 Public to other wings: `default_model_path`, `offline_mix`, `task_items`, `FAMILIES`, `TRAIN_TASK_SEED`,
 `EVAL_TASK_SEED`, `stdlib_texts` (training reads the mix, evaluation the held-out items), `portable_path` (training
-and evaluation records). Imports the Hub wing's `AUTO_MAP` and `check_safetensors` (ship-default).
+and evaluation records). Imports the Hub wing's `hub_config` and `check_safetensors` (ship-default).
 """
 
 from .offline_mix import EVAL_TASK_SEED, TRAIN_TASK_SEED, offline_mix

@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..hub import AUTO_MAP, check_safetensors
+from ..hub import check_safetensors, hub_config
 from ..modeling import WeDLMConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -59,9 +59,10 @@ def link_remote_code(folder: Path | None = None) -> list[Path]:
 
 
 def ship_default_model(source: str) -> Path:
-    """Copies a trained checkpoint into the package: weights, configs, tokenizer and training record; then sets the
-    Hub export's `auto_map` and links the remote code, so the folder loads as a Hub checkpoint. The previous
-    `eval_results.json` measured the previous weights, so it goes (`wedlm-hf evaluate` writes it anew)."""
+    """Copies a trained checkpoint into the package: weights, configs, tokenizer and training record; then gives the
+    config the Hub export's `auto_map` and `use_cache` and links the remote code, so the folder loads as a Hub
+    checkpoint. The previous `eval_results.json` measured the previous weights, so it goes (`wedlm-hf evaluate`
+    writes it anew)."""
     src = Path(source)
     weights = src / "model.safetensors"
     if not weights.exists():
@@ -78,7 +79,7 @@ def ship_default_model(source: str) -> Path:
         raise ValueError(
             f"{src} holds a {config.get('model_type')!r} model: ship a WeDLM checkpoint (`wedlm-hf train`)."
         )
-    config["auto_map"] = AUTO_MAP
+    config = hub_config(config)
     WeDLMConfig.from_dict(config)  # refuse what the package cannot load before touching the shipped folder
     DEFAULT_MODEL_DIR.mkdir(exist_ok=True)
     for name in SHIPPED_FILES:

@@ -7,16 +7,16 @@
 - `safetensors_check`: a weight file is complete before anything copies or resumes from it.
 - `checkpoint_destination`: a checkpoint folder appears whole, and replaces a non-empty one only when asked.
 
-Public to other wings: `AUTO_MAP` (the data wing's shipped folder is Hub-style too), `check_safetensors`
-(ship-default, resuming training) and `staged_checkpoint` (`wedlm-hf convert`); the CLI calls the commands. Imports
-only the core.
+Public to other wings: `AUTO_MAP` and `hub_config` (the data wing's shipped folder is Hub-style too),
+`check_safetensors` (ship-default, resuming training) and `staged_checkpoint` (`wedlm-hf convert`); the CLI calls
+the commands. Imports only the core.
 """
 
 from .checkpoint_destination import staged_checkpoint
-from .export import AUTO_MAP
+from .export import AUTO_MAP, hub_config
 from .push import attach_push_to_hub
 from .safetensors_check import check_safetensors
 
 attach_push_to_hub()
 
-__all__ = ["AUTO_MAP", "check_safetensors", "staged_checkpoint"]
+__all__ = ["AUTO_MAP", "check_safetensors", "hub_config", "staged_checkpoint"]

@@ -21,9 +21,11 @@ from .model_card import load_json, render_model_card
 from .safetensors_check import check_safetensors
 
 RELEASED_QWEN_MASK_TOKEN_ID = 151665  # what the authors' engine and training code use when the config gives none
+# AutoModel answers with the causal LM too, so `AutoModel.from_pretrained(..., trust_remote_code=True)` can
+# `generate(strategy="wedlm")`; the base model stays reachable as its `.model`.
 AUTO_MAP = {
     "AutoConfig": "configuration_wedlm.WeDLMConfig",
-    "AutoModel": "modeling_wedlm.WeDLMModel",
+    "AutoModel": "modeling_wedlm.WeDLMForCausalLM",
     "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM",
 }
 TOKENIZER_FILES = (
@@ -93,6 +95,13 @@ def resolve_mask_token_id(config: dict, explicit: int | None, source: Path) -> i
         "vocabulary "
         f"is too small for the released default {RELEASED_QWEN_MASK_TOKEN_ID}): pass --mask-token-id N."
     )
+
+
+def hub_config(config: dict) -> dict:
+    """`config` as a Hub checkpoint carries it: our `auto_map`, and `use_cache` on. A checkpoint saved by the stock
+    Trainer says `use_cache: false` (Trainer's training default); a model published for decoding keeps its KV cache
+    on, and exporters such as `TorchExportableModuleForDecoderOnlyLM` refuse one without."""
+    return {**config, "auto_map": dict(AUTO_MAP), "use_cache": True}
 
 
 def generation_defaults(source: Path) -> dict:
@@ -168,7 +177,7 @@ def export_checkpoint(
     weights = weight_files(src)
     config["mask_token_id"] = resolve_mask_token_id(config, mask_token_id, src)
     config["architectures"] = ["WeDLMForCausalLM"]
-    config["auto_map"] = AUTO_MAP
+    config = hub_config(config)
     WeDLMConfig.from_dict(config)  # refuse configs our classes cannot load before writing anything
     generation = generation_defaults(src)
 

@@ -312,6 +312,9 @@ def train(
         dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(),
         ddp_find_unused_parameters=False,
+        # Trainer copies this into the model's config, which every checkpoint saves; its default (False) would ship
+        # checkpoints that exporters refuse. The dual-stream forward never builds a cache either way.
+        use_cache=True,
     )
     collator = DualStreamCollator(
         mask_token_id=net.config.mask_token_id, pad_token_id=tok.pad_token_id, block_size=block_size, seed=seed
