@@ -4,7 +4,13 @@ every forward with a long prompt (the token budget prefills it in chunks)."""
 import pytest
 import torch
 from conftest import EOS_ID, MASK_ID, build_model
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+from transformers import (
+    LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 
 from wedlm_hf.modeling.decoding_state import DecodingSettings
 from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
@@ -25,6 +31,13 @@ def prompt(length: int, seed: int) -> list[int]:
 def seeded(seed: int, temperature: float = 1.3) -> FillSampler:
     warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopKLogitsWarper(20)])
     return FillSampler(True, warpers, generator=torch.Generator().manual_seed(seed))
+
+
+def penalised() -> FillSampler:
+    """A greedy sampler with processors that read each row's context (a server's penalties)."""
+    return FillSampler(
+        False, LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.8), NoRepeatNGramLogitsProcessor(2)])
+    )
 
 
 def settings(sampler=GREEDY, **kw) -> DecodingSettings:
@@ -82,6 +95,7 @@ def test_a_seeded_row_draws_the_same_tokens_alone_and_in_any_batch(model, lossle
         (0, prompt(14, seed=3), settings(FillSampler(True), window_size=4, lossless=not lossless)),
         (2, prompt(6, seed=4), settings(seeded(7), window_size=11, entropy_threshold=None)),
         (5, prompt(21, seed=5), settings(FillSampler(True), window_size=2, lossless=True)),
+        (1, prompt(9, seed=8), settings(penalised(), window_size=5, lossless=not lossless)),  # reads its context
     ]
     for join in (0, 3):
         for k in range(1, len(others) + 1):

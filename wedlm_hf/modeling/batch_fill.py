@@ -65,11 +65,12 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int,
         sampler = rows[chosen[members[0]][0]].settings.sampler
         block = scores[[chosen[k][0] for k in members], [chosen[k][1] for k in members]]
         contexts = None
-        if sampler.reads_context:
-            contexts = []
+        if sampler.reads_context:  # each row's contexts from one tensor (members are in row order)
+            wanted: dict[int, list[int]] = {}
             for k in members:
-                row = rows[chosen[k][0]]
-                contexts += row.contexts([min(slots[chosen[k][0]][chosen[k][1]], row.leading_run())], scores.device)
+                b, c = chosen[k]
+                wanted.setdefault(b, []).append(min(slots[b][c], rows[b].leading_run()))
+            contexts = [ids for b, ks in wanted.items() for ids in rows[b].contexts(ks, scores.device)]
         probs = sampler.probabilities(block, contexts) if sampler.do_sample else None
         tokens = sampler.draw(probs) if sampler.do_sample else sampler(block, contexts)
         for i, token in enumerate(tokens.tolist()):

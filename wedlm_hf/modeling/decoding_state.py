@@ -135,6 +135,7 @@ class DecodingRow:
     prefix: list | None = None  # K/V of the prompt's first tokens from elsewhere (a prefix cache), loaded on joining
     grammar: object | None = None  # the row's grammar state (`grammar_commit`), at the end of its committed text
     padding: list[int] = field(default_factory=list)  # the batch's left padding before the prompt, as AR sees it
+    _context_ids: torch.Tensor | None = None  # `_committed_ids`' copy
 
     @property
     def prefilled(self) -> bool:
@@ -162,9 +163,22 @@ class DecodingRow:
         hands them to its processors there (left padding, prompt, committed text, then the window's tokens before the
         slot, all of which must be filled)."""
         window = [slot.token for slot in self.window[: max(slots, default=0)]]
-        ids = torch.tensor(self.padding + self.prompt + self.generated + window, dtype=torch.long, device=device)
-        base = len(ids) - len(window)
-        return [ids[: base + k] for k in slots]
+        committed = self._committed_ids(device)
+        ids = torch.cat([committed, torch.tensor(window, dtype=torch.long, device=device)]) if window else committed
+        return [ids[: len(committed) + k] for k in slots]
+
+    def _committed_ids(self, device) -> torch.Tensor:
+        """Padding, prompt and committed text as one tensor, kept and grown as tokens commit (a long prompt is not
+        copied to the device again each step)."""
+        length = len(self.padding) + len(self.prompt) + len(self.generated)
+        ids = self._context_ids
+        if ids is None or ids.device != torch.device(device) or len(ids) > length:
+            ids = torch.tensor(self.padding + self.prompt + self.generated, dtype=torch.long, device=device)
+        elif len(ids) < length:
+            new = self.generated[len(self.generated) - (length - len(ids)) :]
+            ids = torch.cat([ids, torch.tensor(new, dtype=torch.long, device=device)])
+        self._context_ids = ids
+        return ids
 
     def own_drafts(self) -> int:
         """The model's own drafts (grammar-restricted or not) in the leading run, after the final token."""
