@@ -48,7 +48,7 @@ def test_help_imports_neither_torch_nor_transformers():
     assert heavy == [], f"--help imported {heavy}"
     assert "generate" in texts[0] and "--debug" in texts[0]
     assert "(default: 128)" in texts[1] and "(default: 16)" in texts[1] and "(default: 0.4)" in texts[1]
-    assert "(default: cpu)" in texts[2] and "(default: float32)" in texts[2]
+    assert "(default: cpu)" in texts[2] and "(default: auto)" in texts[2]
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:

@@ -17,6 +17,8 @@ import os
 import sys
 
 DEBUG_ENV = "WEDLM_HF_DEBUG"
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # wedlm_hf.data.DTYPES (this module imports no wing)
+DTYPE_HELP = "weights and activations; auto: the checkpoint's half precision on a GPU, float32 on a CPU"
 
 # Each sub-command's work lives in its wing; the module is imported only when its command runs.
 COMMANDS = {
@@ -229,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most")
     gen.add_argument("--no-compare", action="store_true", help="skip the plain AR run")
+    gen.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     _add_decoding_args(gen)
     gen.add_argument(
         "--lossless",
@@ -270,9 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     bench.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
-    bench.add_argument(
-        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights and activations"
-    )
+    bench.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     bench.add_argument("--json", default=None, help="also write the measurements to this file (default: none)")
     bench.add_argument(
         "--no-compile",
@@ -361,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-items-per-family", type=positive_int, default=20000, help="as trained, to exclude seen prompts"
     )
     ev.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    ev.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     ev.add_argument("--output", default=None, help="write the results as JSON (default: print only)")
     _add_decoding_args(ev)
 
@@ -497,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request's headers and body may take to arrive; then 408 and the connection is closed",
     )
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    srv.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     srv.add_argument(
         "--compile",
         action="store_true",

@@ -217,7 +217,8 @@ def test_serve_compile_reaches_the_engine_and_the_startup_line(capsys, monkeypat
     def load(*args, **kwargs):
         loaded.append(kwargs)
         compiled = object() if kwargs["compile_config"] is not None else None
-        return types.SimpleNamespace(model_id="m", scheduler=types.SimpleNamespace(compiled=compiled))
+        dtype = "float32" if kwargs["dtype"] == "auto" else kwargs["dtype"]  # (the CLI's choice reaches the load)
+        return types.SimpleNamespace(model_id="m", dtype=dtype, scheduler=types.SimpleNamespace(compiled=compiled))
 
     class Server:
         def __init__(self, engine, *args, announce, **kwargs):
@@ -229,10 +230,11 @@ def test_serve_compile_reaches_the_engine_and_the_startup_line(capsys, monkeypat
     monkeypatch.setattr(ServingEngine, "load", load)
     monkeypatch.setattr(server_module, "ServingServer", Server)
     console(["serve", "--device", "cpu", "--compile"])
-    console(["serve", "--device", "cpu"])
+    console(["serve", "--device", "cpu", "--dtype", "bfloat16"])
     compiled, eager = loaded
     assert compiled["compile_config"] == compile_config_for(torch.device("cpu")) and eager["compile_config"] is None
     assert compiled["compile_config"].mode == "default"  # inductor's; CUDA graphs only on a GPU
     assert compile_config_for(torch.device("cuda")).mode == "reduce-overhead"
     lines = capsys.readouterr().out.splitlines()
     assert "compiled decoding" in lines[0] and "compiled" not in lines[1]
+    assert "; float32;" in lines[0] and "; bfloat16;" in lines[1]  # the start-up line says the dtype

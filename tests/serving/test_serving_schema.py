@@ -75,7 +75,7 @@ def test_prompt_shapes():
 
 def test_default_values_of_unsupported_features_are_accepted():
     request = completion(presence_penalty=0, frequency_penalty=0.0, logit_bias={}, echo=False, logprobs=None, best_of=1)
-    assert request.n == 1
+    assert request.n == 1 and request.logit_bias is None
     assert completion(n=3, best_of=3).n == 3
 
 
@@ -87,10 +87,13 @@ def test_default_values_of_unsupported_features_are_accepted():
         ({"echo": 1}, "echo"),  # true or false
         ({"best_of": 4}, "best_of"),
         ({"suffix": "end"}, "suffix"),
-        ({"logit_bias": {"5": 10}}, "logit_bias"),
-        ({"frequency_penalty": 1}, "frequency_penalty"),
         ({"presence_penalty": False}, "presence_penalty"),
-        ({"top_k": 5}, "top_k"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"5": 100.5}}, "logit_bias"),
+        ({"logit_bias": [5]}, "logit_bias"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
         ({"wedlm_windowsize": 4}, "wedlm_windowsize"),
         ({"wedlm_window_size": 1.5}, "wedlm_window_size"),
         ({"wedlm_entropy_threshold": float("nan")}, "wedlm_entropy_threshold"),
@@ -153,7 +156,8 @@ def test_chat_messages_and_token_limits():
     user = [{"role": "user", "content": "x"}]
     refused(parse_chat, {"messages": user, "max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens")
     refused(parse_chat, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content")
-    refused(parse_chat, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role")
+    refused(parse_chat, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id")
+    refused(parse_chat, {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role")
     for bad in (
         "json",
         {"type": "xml"},
@@ -173,3 +177,19 @@ def test_chat_messages_and_token_limits():
     assert parse_completion(body, "m", DEFAULTS).json_schema == schema
     refused(parse_chat, {"messages": user, "prompt": "x"}, "prompt")
     refused(parse_completion, {"prompt": "x", "messages": user}, "messages")
+
+
+def test_sampling_fields_are_parsed():
+    request = completion(
+        presence_penalty=0.5,
+        frequency_penalty=-1,
+        logit_bias={"7": -100, "12": 3.5},
+        top_k=-1,
+        min_p=0.1,
+        repetition_penalty=1.2,
+    )
+    assert (request.presence_penalty, request.frequency_penalty) == (0.5, -1.0)
+    assert request.logit_bias == {7: -100.0, 12: 3.5}
+    assert (request.top_k, request.min_p, request.repetition_penalty) == (0, 0.1, 1.2)
+    assert completion(top_k=5).top_k == 5
+    assert completion().top_k is None and completion().repetition_penalty is None

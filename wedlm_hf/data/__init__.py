@@ -5,13 +5,16 @@
 - `offline_mix`: the training mix of both, and the tokenizer corpus.
 - `tokenizer_training`: `wedlm-hf train-tokenizer`, the byte-level BPE tokenizer.
 - `shipped_model`: `default_model_path()` and `wedlm-hf ship-default` (a Hub-style folder, remote code linked in).
+- `checkpoint_dtype`: the dtype a checkpoint loads in (`--dtype`, `auto` as vLLM's).
 - `portable_paths`: how run records (`training_info.json`, `eval_results.json`) name files, machine-independently.
 
-Public to other wings: `default_model_path`, `offline_mix`, `task_items`, `FAMILIES`, `TRAIN_TASK_SEED`,
-`EVAL_TASK_SEED`, `stdlib_texts` (training reads the mix, evaluation the held-out items), `portable_path` (training
-and evaluation records). Imports the Hub wing's `hub_config` and `check_safetensors` (ship-default).
+Public to other wings: `default_model_path`, `DTYPES` and `load_dtype` (every command that loads a checkpoint),
+`offline_mix`, `task_items`, `FAMILIES`, `TRAIN_TASK_SEED`, `EVAL_TASK_SEED`, `stdlib_texts` (training reads the
+mix, evaluation the held-out items), `portable_path` (training and evaluation records). Imports the Hub wing's
+`hub_config` and `check_safetensors` (ship-default).
 """
 
+from .checkpoint_dtype import DTYPES, load_dtype
 from .offline_mix import EVAL_TASK_SEED, TRAIN_TASK_SEED, offline_mix
 from .portable_paths import portable_path
 from .shipped_model import default_model_path
@@ -19,10 +22,12 @@ from .stdlib_corpus import stdlib_texts
 from .synthetic_tasks import FAMILIES, task_items
 
 __all__ = [
+    "DTYPES",
     "EVAL_TASK_SEED",
     "FAMILIES",
     "TRAIN_TASK_SEED",
     "default_model_path",
+    "load_dtype",
     "offline_mix",
     "portable_path",
     "stdlib_texts",

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from ..data import load_dtype
 from ..modeling import WeDLMConfig, WeDLMForCausalLM
 from .blockwise_baseline import blockwise_generate
 
@@ -87,15 +88,16 @@ def compiled_forward(model, backend: str = "inductor"):
     return torch.compile(model.forward, backend=backend)
 
 
-def load_bench_model(path: str | None, device: str = "cpu", dtype: str = "float32") -> WeDLMForCausalLM:
-    """The checkpoint at `path`, else the seeded random bench model, on `device` in `dtype` ("float32", ...)."""
+def load_bench_model(path: str | None, device: str = "cpu", dtype: str = "auto") -> WeDLMForCausalLM:
+    """The checkpoint at `path`, else the seeded random bench model, on `device` in `dtype` (`--dtype`'s choices:
+    auto, bfloat16, float16, float32)."""
     try:
         kind = torch.device(device).type
     except RuntimeError:
         raise ValueError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N.") from None
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: torch sees no CUDA device here; leave out --device to run on the CPU.")
-    torch_dtype = getattr(torch, dtype)
+    torch_dtype = load_dtype(dtype, device, path)
     model = WeDLMForCausalLM.from_pretrained(path, dtype=torch_dtype) if path else bench_model()
     return model.to(device=device, dtype=torch_dtype).eval()
 

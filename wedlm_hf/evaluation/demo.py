@@ -2,11 +2,10 @@
 
 import time
 
-import torch
 from transformers import AutoTokenizer, TextStreamer
 from transformers.utils import logging
 
-from ..data import default_model_path
+from ..data import default_model_path, load_dtype
 from ..modeling import WeDLMForCausalLM
 
 
@@ -39,11 +38,12 @@ def run_demo(
     context_ngram: int | None = None,
     compare: bool = True,
     print_fn=print,
+    dtype: str = "auto",
 ) -> dict:
     logging.disable_progress_bar()
     path = model_path or default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = WeDLMForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = WeDLMForCausalLM.from_pretrained(path, dtype=load_dtype(dtype, "cpu", path)).eval()
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     check_prompt(ids.shape[1], max_new_tokens, model.config.max_position_embeddings)
     options = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
@@ -122,4 +122,5 @@ def generate_command(args) -> None:
         context_drafts=False if args.no_context_drafts else None,
         context_ngram=args.context_ngram,
         compare=not args.no_compare,
+        dtype=args.dtype,
     )

@@ -20,6 +20,7 @@ from ..data import (
     FAMILIES,
     TRAIN_TASK_SEED,
     default_model_path,
+    load_dtype,
     portable_path,
     stdlib_texts,
     task_items,
@@ -129,10 +130,11 @@ def evaluate(
     penalty: float = 0.02,
     threads: int = 2,
     log=print,
+    dtype: str = "auto",
 ) -> dict:
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = WeDLMForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = WeDLMForCausalLM.from_pretrained(model_path, dtype=load_dtype(dtype, "cpu", model_path)).eval()
     eos = tokenizer.eos_token_id
     wedlm_args = dict(
         strategy="wedlm",
@@ -265,6 +267,7 @@ def evaluate_command(args) -> None:
         threshold=args.threshold,
         penalty=args.penalty,
         threads=args.threads,
+        dtype=args.dtype,
     )
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2) + "\n")

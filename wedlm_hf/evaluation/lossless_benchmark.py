@@ -98,7 +98,7 @@ def run_lossless_benchmark(
     in a compiled forward."""
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = load_bench_model(model_path, device)
+    model = load_bench_model(model_path, device, "float32")
     families = prompt_families(tokenizer, prompts_per_family, train_items_per_family)
     decoders = {**DECODERS, **(COMPILED_DECODERS if compiled else {})}
     names = list(decoders)

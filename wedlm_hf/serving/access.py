@@ -14,8 +14,9 @@ import ipaddress
 import json
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-# The page itself, the liveness probe and the metrics scrape need no key (they carry no request's data).
-OPEN_PATHS = ("/", "/playground.js", "/health", "/metrics")
+# The page itself, the liveness probe, the metrics scrape and `transformers chat`'s load_model (which sends no key
+# and learns only whether the model it names is served) need no key: they carry no request's data.
+OPEN_PATHS = ("/", "/playground.js", "/health", "/metrics", "/load_model")
 
 
 def default_allowed_hosts(host: str) -> list[str]:

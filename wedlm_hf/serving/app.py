@@ -31,7 +31,10 @@ from .engine import ServingEngine
 from .metrics import ServerMetrics
 from .openai_schema import APIError, error_body, invalid, parse_chat, parse_completion
 from .responses import ResponseIds, chunk, full_body_json, sse, token_logprobs, usage, usage_chunk
+from .responses_api import ResponseRender, ResponsesRequest, parse_responses, responses_error
 from .scheduler import Delta, Failure, Finish, Job, QueueFull, ShuttingDown
+from .tool_calls import ToolCallText
+from .transformers_chat import LOAD_MODEL_BYTES, load_model_answer
 
 HERE = Path(__file__).resolve().parent
 RETRY_AFTER_SECONDS = 1
@@ -96,6 +99,7 @@ def create_app(
         body = {
             "status": status,
             "model": engine.model_id,
+            "dtype": engine.dtype,
             "compiled": scheduler.compiled is not None,  # `--compile`: decoding steps run compiled on fixed slots
             **engine.limits.to_dict(),
             **(connections.snapshot() if connections is not None else {}),
@@ -126,11 +130,29 @@ def create_app(
     async def chat_completions(request: Request):
         return await _respond(engine, request, parse_chat)
 
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        try:
+            return await _respond(engine, request, parse_responses)
+        except APIError as exc:  # the chat path's errors, naming this route's fields
+            raise responses_error(exc) from None
+
+    @app.post("/load_model")
+    async def load_model(request: Request):  # `transformers chat` asks for the model first (transformers_chat)
+        raw = await _read_body(request, LOAD_MODEL_BYTES)
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            body = None
+        status, events = load_model_answer(body, engine.model_id)
+        request.app.state.metrics.finished("/load_model", status, time.monotonic(), None, time.monotonic())
+        return Response(events, status_code=status, media_type="text/event-stream", headers=_STREAM_HEADERS)
+
     return app
 
 
 def _model_card(engine: ServingEngine) -> dict:
-    return {"id": engine.model_id, "object": "model", "created": 0, "owned_by": "wedlm-hf"}
+    return {"id": engine.model_id, "object": "model", "created": 0, "owned_by": "wedlm-hf", "dtype": engine.dtype}
 
 
 async def _respond(engine: ServingEngine, request: Request, parse):
@@ -155,6 +177,7 @@ async def _answer(engine: ServingEngine, request: Request, parse, arrived: float
             echoes = await asyncio.to_thread(_echoes, engine, parsed, prompts)
     ids = ResponseIds(parsed.kind, engine.model_id)
     tally = _Tally(prompts, parsed.n, engine.token_texts, parsed.kind, parsed.logprobs is not None, echoes)
+    tally.split_tool_calls(parsed.tools)
     if not choices:  # echo with max_tokens 0: the scored prompts are the whole answer
         tally.finish = dict.fromkeys(range(tally.count), "length")
         done(None, time.monotonic(), tally)
@@ -180,10 +203,20 @@ async def _answer(engine: ServingEngine, request: Request, parse, arrived: float
         ) from None
     except ShuttingDown:
         raise APIError(503, "The server is shutting down.", code="shutting_down") from None
+    # /v1/responses decodes as chat and renders a Response object (responses_api.py)
+    reply = ResponseRender(parsed, engine.model_id) if isinstance(parsed, ResponsesRequest) else None
     if parsed.stream:
-        stream = _stream(engine, job, events, ids, tally, parsed.include_usage, done, record, arrived)
+        frames = _ChunkFrames(ids, tally, parsed.include_usage) if reply is None else reply.stream(tally)
+        stream = _stream(engine, job, events, tally, frames, done, record, arrived)
         return StreamingResponse(stream, media_type="text/event-stream", headers=_STREAM_HEADERS)
-    response = await _collect(engine, request, job, events, ids, tally)
+    response = await _collect(engine, request, job, events, tally)
+    if response is None and reply is not None:
+        answer = tally.choices()[0]  # (its text and tool calls split)
+        response = JSONResponse(
+            reply.body(answer["text"], answer["finish_reason"], tally.usage(), answer.get("tool_calls"))
+        )
+    elif response is None:
+        response = await _json_response(ids, tally)
     if response.status_code == 200:
         done(tally.first_token, time.monotonic(), tally)
     else:
@@ -274,6 +307,21 @@ class _Tally:
         self.n = n
         self.cached: dict[int, int] = {}  # per prompt: the prompt tokens every one of its choices found cached
         self.first_token: float | None = None  # when the first completion token arrived (time.monotonic)
+        self.tool_text: list | None = None  # with tools: each choice's `ToolCallText` (split_tool_calls)
+
+    def split_tool_calls(self, tools) -> None:
+        """With tools a choice may call (`tool_calls`): each choice's text is split into its text and its calls."""
+        self.tool_text = [ToolCallText() for _ in range(self.count)] if tools is not None and tools.active else None
+
+    def shown(self, event: Delta) -> str:
+        """A streamed delta's text: all of it, or with tools the part before a call (each delta read once)."""
+        return event.text if self.tool_text is None else self.tool_text[event.choice].feed(event.text)
+
+    def tool_finish(self, index: int, reason: str) -> tuple[str, list[dict], str]:
+        """A streamed choice's end with tools: the text held back, its calls and its finish reason."""
+        split = self.tool_text[index]
+        calls = split.calls()
+        return split.rest(), calls, "tool_calls" if calls and reason == "stop" else reason
 
     @property
     def done(self) -> bool:
@@ -321,7 +369,7 @@ class _Tally:
         return body
 
     def choices(self) -> list[dict]:
-        return [
+        out = [
             {
                 "index": i,
                 "text": "".join(self.texts[i]),
@@ -330,45 +378,86 @@ class _Tally:
             }
             for i in range(self.count)
         ]
+        for choice in out if self.tool_text is not None else []:
+            split = ToolCallText()
+            split.feed(choice["text"])
+            choice["text"], choice["tool_calls"] = split.content(), split.calls()
+            if choice["tool_calls"] and choice["finish_reason"] == "stop":
+                choice["finish_reason"] = "tool_calls"
+        return out
+
+
+class _ChunkFrames:
+    """What a completions or chat stream sends, for `_stream`: OpenAI's chunks, ending with `data: [DONE]`.
+    Chunks with log-probabilities (and echoed prompts) are rendered in a worker thread."""
+
+    def __init__(self, ids: ResponseIds, tally: _Tally, usage_: bool):
+        self.ids, self.tally, self.usage_ = ids, tally, usage_
+        self.render = _off_loop if tally.logprobs else _on_loop
+
+    async def opening(self):
+        ids, tally = self.ids, self.tally
+        if ids.kind == "chat":
+            for index in range(tally.count):
+                yield sse(chunk(ids, index, role=True))
+        for index in range(tally.count if tally.echoes else 0):
+            yield await self.render(functools.partial(_echo_event, ids, tally, index))
+
+    async def delta(self, event: Delta) -> list[str]:
+        frame = await self.render(functools.partial(_delta_event, self.ids, self.tally, event))
+        return [frame] if frame else []
+
+    def finish(self, event: Finish) -> list[str]:
+        if self.tally.tool_text is None:
+            return [sse(chunk(self.ids, event.choice, finish_reason=event.reason))]
+        rest, calls, reason = self.tally.tool_finish(event.choice, event.reason)
+        frames = [sse(chunk(self.ids, event.choice, rest))] if rest else []
+        if calls:  # each call whole, in one delta (OpenAI's clients join the pieces of a call by its index)
+            entries = [{"index": k, **call} for k, call in enumerate(calls)]
+            frames.append(sse(chunk(self.ids, event.choice, tool_calls=entries)))
+        return frames + [sse(chunk(self.ids, event.choice, finish_reason=reason))]
+
+    def failure(self, event: Failure) -> list[str]:
+        kind = "server_error" if event.status >= 500 else "invalid_request_error"
+        return [sse(error_body(event.message, kind, event.param, event.code)), sse("[DONE]")]
+
+    def closing(self) -> list[str]:
+        return ([sse(usage_chunk(self.ids, self.tally.usage()))] if self.usage_ else []) + [sse("[DONE]")]
 
 
 async def _stream(
     engine: ServingEngine,
     job: Job,
     events: asyncio.Queue,
-    ids: ResponseIds,
     tally: _Tally,
-    usage_: bool,
+    frames,
     done,
     record,
     arrived: float,
 ):
-    """The stream's events; `done(first, ended, tally)` records a stream that ran to its end, `record(status, ...)`
-    one that failed or whose client went away. Chunks with log-probabilities are rendered in a worker thread."""
+    """The stream's events, as `frames` (`_ChunkFrames`, or responses_api's `ResponseEvents`) renders them;
+    `done(first, ended, tally)` records a stream that ran to its end, `record(status, ...)` one that failed or whose
+    client went away."""
     status = CLIENT_GONE  # unless it ends otherwise
-    render = _off_loop if tally.logprobs else _on_loop
     try:
-        if ids.kind == "chat":
-            for index in range(tally.count):
-                yield sse(chunk(ids, index, role=True))
-        for index in range(tally.count if tally.echoes else 0):
-            yield await render(functools.partial(_echo_event, ids, tally, index))
+        async for frame in frames.opening():
+            yield frame
         while not tally.done:
             event = await events.get()
             if isinstance(event, Failure):
                 status = event.status
-                kind = "server_error" if event.status >= 500 else "invalid_request_error"
-                yield sse(error_body(event.message, kind, event.param, event.code))
-                yield sse("[DONE]")
+                for frame in frames.failure(event):
+                    yield frame
                 return
             tally.add(event)
             if isinstance(event, Delta):
-                yield await render(functools.partial(_delta_event, ids, tally, event))
+                for frame in await frames.delta(event):
+                    yield frame
             elif isinstance(event, Finish):
-                yield sse(chunk(ids, event.choice, finish_reason=event.reason))
-        if usage_:
-            yield sse(usage_chunk(ids, tally.usage()))
-        yield sse("[DONE]")
+                for frame in frames.finish(event):
+                    yield frame
+        for frame in frames.closing():
+            yield frame
         status = 200
         done(tally.first_token, time.monotonic(), tally)
     except Exception:
@@ -381,8 +470,13 @@ async def _stream(
 
 
 def _delta_event(ids: ResponseIds, tally: _Tally, event: Delta) -> str:
+    """A delta's chunk; "" where tools hold its whole text back (part of a call, sent at the choice's end) and it
+    carries no log-probabilities."""
     forward = {"forward": event.forward, "tokens": event.tokens}
-    return sse(chunk(ids, event.choice, event.text, wedlm=forward, logprobs=tally.delta_logprobs(event)))
+    text, logprobs = tally.shown(event), tally.delta_logprobs(event)
+    if not text and tally.tool_text is not None and logprobs is None:
+        return ""
+    return sse(chunk(ids, event.choice, text, wedlm=forward, logprobs=logprobs))
 
 
 def _echo_event(ids: ResponseIds, tally: _Tally, index: int) -> str:
@@ -407,7 +501,8 @@ async def _stream_scored(ids: ResponseIds, tally: _Tally, usage_: bool):
     yield sse("[DONE]")
 
 
-async def _collect(engine: ServingEngine, request: Request, job: Job, events: asyncio.Queue, ids, tally: _Tally):
+async def _collect(engine: ServingEngine, request: Request, job: Job, events: asyncio.Queue, tally: _Tally):
+    """Feeds the job's events to `tally` until it is done (None), or the client went away (a 499 response)."""
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         while not tally.done:
@@ -423,7 +518,7 @@ async def _collect(engine: ServingEngine, request: Request, job: Job, events: as
     finally:
         gone.cancel()
         engine.scheduler.cancel(job)
-    return await _json_response(ids, tally)
+    return None
 
 
 async def _disconnected(request: Request) -> None:

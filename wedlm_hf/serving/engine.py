@@ -1,10 +1,8 @@
 """The served model: loading, prompt encoding against the context limit, and each choice's decoding settings.
 
 Defaults come from the checkpoint: the WeDLM options and sampling settings of its generation config (the shipped
-model decodes greedily unless a request sets `temperature` > 0), its eos token(s) as stop ids, and
-`max_position_embeddings` as the context. Every choice gets its own sampler generator (seeded from the request's
-`seed` and the choice index), so a sampled row draws the same tokens whatever else shares the batch; greedy rows
-share one sampler, which lets the decoder take their argmax in one call.
+model decodes greedily unless a request sets `temperature` > 0; each choice's sampler: `sampling`), its eos token(s)
+as stop ids, and `max_position_embeddings` as the context.
 
 Encoding runs in a worker thread, never on the event loop, and a text prompt that cannot fit the context is refused
 after tokenising only a prefix of it: no token covers more than `longest token` characters, so a prompt of more
@@ -12,34 +10,25 @@ characters than that times the context is checked on its first (context + 2) tok
 """
 
 import os
-import secrets
 import time
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    CompileConfig,
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, CompileConfig
 
-from ..data import default_model_path
+from ..data import default_model_path, load_dtype
 from ..modeling import WeDLMDecodingConfig
 from ..modeling.decoding_state import DecodingSettings
-from ..modeling.window_filling import FillSampler
 from ..structured import compile_grammar
 from .incremental_text import IncrementalText
 from .limits import ServingLimits
 from .log_probabilities import TokenTexts, token_log_probabilities
 from .openai_schema import APIError, ParsedRequest, invalid, wedlm_options
+from .sampling import choice_sampler
 from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, Choice, Scheduler, serving_limits
+from .tool_calls import tool_grammar
 
 DEFAULT_MODEL_ID = "wedlm-hf-default"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
-_GREEDY = FillSampler(False)
 
 
 class ServingEngine:
@@ -69,6 +58,7 @@ class ServingEngine:
         self.model_id = model_id
         self.context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self.vocab_size = model.config.get_text_config().vocab_size
+        self.dtype = str(model.dtype).removeprefix("torch.")  # reported by /health and /v1/models
         generation = model.generation_config
         self.stop_ids = frozenset(_ids(generation.eos_token_id) or _ids(model.config.eos_token_id))
         if not self.stop_ids and tokenizer.eos_token_id is not None:
@@ -83,12 +73,7 @@ class ServingEngine:
                 f"--max-window-size {self.limits.max_window_size}: raise --max-window-size."
             )
         self._longest_token = max(map(len, tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))), default=1)
-        self._sampling_defaults = (
-            bool(generation.do_sample),
-            generation.temperature,
-            generation.top_p,
-            generation.top_k,
-        )
+        self._sampling_defaults = generation  # its sampling settings, which a request's fields override
         self.grammar_observers: list = []  # called with each response_format's compile time (s), e.g. by /metrics
         self.scheduler = Scheduler(
             model,
@@ -100,17 +85,23 @@ class ServingEngine:
 
     @classmethod
     def load(
-        cls, model: str | None = None, device: str | None = None, served_model_name: str | None = None, **kwargs
+        cls,
+        model: str | None = None,
+        device: str | None = None,
+        served_model_name: str | None = None,
+        dtype: str = "auto",
+        **kwargs,
     ) -> "ServingEngine":
-        """Loads a WeDLM checkpoint (folder or Hub id; the shipped model by default) in float32. Clients name it
-        `served_model_name`; by default the folder's own name (never its path), the Hub id, or wedlm-hf-default."""
+        """Loads a WeDLM checkpoint (folder or Hub id; the shipped model by default) in `dtype` (`--dtype`: auto is
+        the checkpoint's half precision on a GPU, float32 on a CPU). Clients name it `served_model_name`; by default
+        the folder's own name (never its path), the Hub id, or wedlm-hf-default."""
         path = model or default_model_path()
         looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1  # a Hub id is NAME or ORG/NAME
         if looks_local and not os.path.isdir(os.path.expanduser(path)):
             raise FileNotFoundError(f"--model {path}: no such folder (give a checkpoint folder or a Hub id ORG/NAME)")
         device = serving_device(device)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype(dtype, device, path)).to(device)
         return cls(loaded, tokenizer, served_model_name or default_model_name(model), **kwargs)
 
     # ---- prompts ------------------------------------------------------------------------------------------
@@ -127,7 +118,7 @@ class ServingEngine:
                 code="too_many_rows",
             )
         if request.kind == "chat":
-            return [self._chat_ids(request.messages)]
+            return [self._chat_ids(request.messages, request.tools)]
         encoded = []
         for i, prompt in enumerate(request.prompts):
             param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
@@ -146,7 +137,7 @@ class ServingEngine:
             encoded.append(ids)
         return encoded
 
-    def _chat_ids(self, messages: list[dict]) -> list[int]:
+    def _chat_ids(self, messages: list[dict], tools=None) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise invalid(
                 "messages",
@@ -154,8 +145,21 @@ class ServingEngine:
                 'prompt: use /v1/completions, or add a "chat_template" to the checkpoint\'s tokenizer_config.json.',
                 code="no_chat_template",
             )
+        listed = tools.template_tools() if tools is not None and tools.active else None
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=listed, add_generation_prompt=True, tokenize=False
+            )
+            if listed and text == self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            ):
+                raise invalid(
+                    "tools",
+                    f"The chat template of {self.model_id} does not show the model any tools: it cannot call them.",
+                    code="unsupported_parameter",
+                )
+        except APIError:
+            raise
         except Exception as exc:  # the template refused the conversation (e.g. raise_exception in the template)
             raise invalid("messages", f"The chat template refused these messages: {exc}") from exc
         ids = self._text_ids(text, "messages", add_special_tokens=False)
@@ -232,6 +236,8 @@ class ServingEngine:
         --prefix-cache-per-key, which API key sent it) and the request's `cache_salt` salt its prefix-cache blocks."""
         max_tokens = self._check_answer_size(request, prompts, self.max_tokens(request, prompts))
         grammar = self.grammar(request)  # checked even where nothing decodes (echo with max_tokens 0)
+        self._check_logit_bias(request)
+        self._check_eos(request)
         if max_tokens == 0:
             return []  # nothing to decode: the response is the scored prompt
         salt = None if tenant is None and request.cache_salt is None else (tenant, request.cache_salt)
@@ -242,7 +248,7 @@ class ServingEngine:
                 settings = DecodingSettings.of(
                     request.wedlm,
                     max_new_tokens=max_tokens,
-                    sampler=self._sampler(request, index),
+                    sampler=choice_sampler(self.model, request, self._sampling_defaults, index, prompt),
                     stop_ids=self.stop_ids,
                     keep_logits=request.logprobs is not None,
                 )
@@ -251,6 +257,29 @@ class ServingEngine:
                     Choice(index, prompt, settings, text, logprobs=request.logprobs, grammar=grammar, cache_salt=salt)
                 )
         return choices
+
+    def _check_eos(self, request: ParsedRequest) -> None:
+        """A generation config's eos_token_id (from `transformers chat`) is accepted where it is the model's own."""
+        if request.eos_token_ids is not None and set(request.eos_token_ids) != self.stop_ids:
+            raise invalid(
+                "generation_config.eos_token_id",
+                f"This server stops at the model's own stop tokens {sorted(self.stop_ids)}; to end elsewhere, "
+                "use stop strings (stop).",
+            )
+
+    def _check_logit_bias(self, request: ParsedRequest) -> None:
+        """logit_bias names tokens of this vocabulary, and never the mask token, which this model never emits."""
+        bad = [t for t in request.logit_bias or () if t >= self.vocab_size]
+        if bad:
+            raise invalid(
+                "logit_bias", f"logit_bias has token ids outside the vocabulary (0..{self.vocab_size - 1}): {bad[:5]}."
+            )
+        if self.scheduler.mask_token_id in (request.logit_bias or ()):
+            raise invalid(
+                "logit_bias",
+                f"logit_bias names token {self.scheduler.mask_token_id}, the mask token, which WeDLM decoding never "
+                "emits.",
+            )
 
     def _check_answer_size(self, request: ParsedRequest, prompts: list[list[int]], max_tokens: int) -> int:
         """`max_tokens`, unless the answer would hold more log-probability entries than --max-logprob-entries (per
@@ -278,46 +307,30 @@ class ServingEngine:
         return max_tokens
 
     def grammar(self, request: ParsedRequest):
-        """The request's response_format compiled (once per schema: the compiler caches it), or None."""
-        if request.json_schema is None:
+        """The request's response_format, or the grammar of its tool calls, compiled (once per spec: the compiler
+        caches it), or None."""
+        tools = request.tools is not None and request.tools.active
+        if request.json_schema is None and not tools:
             return None
+        spec = ("lark", tool_grammar(request.tools)) if tools else request.json_schema
+        param = "tools" if tools else "response_format"
         started = time.perf_counter()
         try:
-            grammar = compile_grammar(request.json_schema, self.tokenizer, self.vocab_size)
+            grammar = compile_grammar(spec, self.tokenizer, self.vocab_size)
         except ImportError:
             raise APIError(
                 400,
-                "response_format needs structured output, which this server was installed without: "
+                f"{param} needs structured output, which this server was installed without: "
                 "pip install 'wedlm-hf[serve]'.",
-                param="response_format",
+                param=param,
                 code="unsupported_parameter",
             ) from None
         except ValueError as error:
-            raise invalid("response_format", f"response_format's schema cannot be used: {error}") from None
+            raise invalid(param, f"{param}: the schema cannot be used: {error}") from None
         seconds = time.perf_counter() - started
         for observe in self.grammar_observers:
             observe(seconds)
         return grammar
-
-    def _sampler(self, request: ParsedRequest, index: int) -> FillSampler:
-        do_sample, temperature, top_p, top_k = self._sampling_defaults
-        if request.temperature is not None:
-            do_sample, temperature = request.temperature > 0, request.temperature
-        elif request.top_p is not None and request.top_p < 1:
-            do_sample = True
-        if not do_sample:
-            return _GREEDY
-        top_p = request.top_p if request.top_p is not None else top_p
-        warpers = LogitsProcessorList()  # the order generate uses: temperature, top-k, top-p
-        if temperature is not None and temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(temperature))
-        if top_k:
-            warpers.append(TopKLogitsWarper(top_k))
-        if top_p is not None and top_p < 1.0:
-            warpers.append(TopPLogitsWarper(top_p))
-        seed = secrets.randbits(62) if request.seed is None else (request.seed * 1_000_003 + index) % 2**62
-        generator = torch.Generator(device=self.model.device).manual_seed(seed)
-        return FillSampler(True, warpers, generator=generator)
 
 
 def serving_device(device: str | None) -> torch.device:

@@ -5,53 +5,17 @@ or refused with a 400 that names it: nothing is silently ignored. WeDLM's decodi
 fields (`wedlm_window_size`, ...), which the official client sends with `extra_body=`.
 """
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass, field
 
 from ..modeling import WeDLMDecodingConfig, WeDLMOptionError
+from .api_errors import APIError, error_body, invalid
+from .tool_calls import ToolSpec, history_calls, parse_tools
+from .transformers_chat import merge_generation_config
 
-
-class APIError(Exception):
-    """An error the client sees as `{"error": {"message", "type", "param", "code"}}` with an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str | None = None,
-        headers: dict | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.kind = kind or _ERROR_TYPES.get(status, "server_error")
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return error_body(self.message, self.kind, self.param, self.code)
-
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "server_unavailable",
-}
-
-
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def invalid(param: str | None, message: str, code: str | None = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
+__all__ = ["APIError", "ParsedRequest", "error_body", "invalid", "parse_chat", "parse_completion", "wedlm_options"]
 
 
 @dataclass
@@ -72,7 +36,16 @@ class ParsedRequest:
     logprobs: int | None = None  # None: none asked for; k: each token's log-probability and the k most likely
     echo: bool = False  # completions: the prompt (and its tokens' log-probabilities) before the completion
     json_schema: dict | None = None  # response_format: the JSON schema every choice's text follows (None: free text)
+    tools: ToolSpec | None = None  # chat: the functions the model may call (`tool_calls`)
     cache_salt: str | None = None  # prefix-cache blocks are shared only with requests of the same salt
+    # Sampling fields beyond temperature and top_p (`sampling.choice_sampler`); None: the model's default.
+    top_k: int | None = None  # 0: off (the request's -1 or 0)
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> bias
+    eos_token_ids: list[int] | None = None  # from `transformers chat`'s generation_config: must be the model's
     wedlm: WeDLMDecodingConfig | None = None  # the WeDLM options: the request's wedlm_* fields over the model's
 
 
@@ -86,18 +59,15 @@ MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 MAX_SALT_CHARS = 256
 MAX_SCHEMA_CHARS = 32_768  # a response_format schema, as JSON text: compiled per request (cached by text)
+MAX_LOGIT_BIAS = 300  # logit_bias entries: one dense vector per choice, built from them
+# A repetition penalty divides a repeated token's positive logits: far below 1, float32 logits overflow to inf.
+MIN_REPETITION_PENALTY = 0.01
 
 # Fields accepted only with the value that means "off"; anything else is refused as unsupported.
 _OFF_VALUES = {
-    "presence_penalty": (0, 0.0, None),
-    "frequency_penalty": (0, 0.0, None),
-    "logit_bias": (None, {}),
     "suffix": (None, ""),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "parallel_tool_calls": (None, False),
     "service_tier": (None, "auto", "default"),
     "store": (None, False),
     "metadata": (None, {}),
@@ -105,10 +75,10 @@ _OFF_VALUES = {
     "reasoning_effort": (None,),
 }
 _COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user"}
-_COMMON |= {"cache_salt"}
+_COMMON |= {"cache_salt", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p", "repetition_penalty"}
 _COMPLETION_FIELDS = (
     _COMMON
-    | {"prompt", "presence_penalty", "frequency_penalty", "logit_bias", "echo", "suffix", "response_format"}
+    | {"prompt", "echo", "suffix", "response_format"}
     | {
         "best_of",
         "logprobs",
@@ -116,20 +86,26 @@ _COMPLETION_FIELDS = (
 )
 _CHAT_FIELDS = (
     _COMMON
-    | {"messages", "max_completion_tokens", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"}
+    | {"messages", "max_completion_tokens", "logprobs"}
     | {"top_logprobs", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"}
     | {"response_format", "service_tier", "store", "metadata", "modalities", "reasoning_effort"}
 )
-_ROLES = ("system", "developer", "user", "assistant")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def parse_completion(
     body, model_id: str, defaults: WeDLMDecodingConfig, max_window: int | None = None
 ) -> ParsedRequest:
     """`POST /v1/completions`: `prompt` is a string, a list of strings, a token-id list or a list of those."""
-    body = _object(body)
+    body, eos, origins = merge_generation_config(_object(body))
+    with _named_for(origins):
+        return _parse_completion(
+            body, ParsedRequest(kind="completion", eos_token_ids=eos), model_id, defaults, max_window
+        )
+
+
+def _parse_completion(body: dict, request: ParsedRequest, model_id, defaults, max_window) -> ParsedRequest:
     _known_fields(body, _COMPLETION_FIELDS)
-    request = ParsedRequest(kind="completion")
     request.prompts = _prompts(body.get("prompt"))
     echo = body.get("echo", False)
     if echo is None:
@@ -151,9 +127,13 @@ def parse_completion(
 
 def parse_chat(body, model_id: str, defaults: WeDLMDecodingConfig, max_window: int | None = None) -> ParsedRequest:
     """`POST /v1/chat/completions`: `messages` with text content (a string or text parts)."""
-    body = _object(body)
+    body, eos, origins = merge_generation_config(_object(body))
+    with _named_for(origins):
+        return _parse_chat(body, ParsedRequest(kind="chat", eos_token_ids=eos), model_id, defaults, max_window)
+
+
+def _parse_chat(body: dict, request: ParsedRequest, model_id, defaults, max_window) -> ParsedRequest:
     _known_fields(body, _CHAT_FIELDS)
-    request = ParsedRequest(kind="chat")
     request.messages = _messages(body.get("messages"))
     max_tokens = _positive_int(body, "max_tokens")
     max_completion = _positive_int(body, "max_completion_tokens")
@@ -169,7 +149,22 @@ def parse_chat(body, model_id: str, defaults: WeDLMDecodingConfig, max_window: i
         raise invalid("top_logprobs", "top_logprobs needs logprobs: true.")
     request.logprobs = (top or 0) if logprobs else None
     _common(body, request, model_id, defaults, max_window)
+    request.tools = parse_tools(body)
+    if request.tools is not None and request.tools.active and request.json_schema is not None:
+        raise invalid("response_format", "Give tools or response_format, not both: each decides the answer's form.")
     return request
+
+
+@contextlib.contextmanager
+def _named_for(origins: dict[str, str]):
+    """Errors about a field that `transformers chat`'s generation_config set name the key the client sent."""
+    try:
+        yield
+    except APIError as error:
+        if error.param in origins:
+            error.message = f"{origins[error.param]}: {error.message}"
+            error.param = origins[error.param]
+        raise
 
 
 def _object(body) -> dict:
@@ -238,12 +233,46 @@ def _common(
         if not isinstance(include, bool):
             raise invalid("stream_options", "stream_options.include_usage must be true or false.")
         request.include_usage = include
+    _sampling(body, request)
     request.json_schema = _response_format(body.get("response_format"))
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_SALT_CHARS):
         raise invalid("cache_salt", f"cache_salt must be a non-empty string of at most {MAX_SALT_CHARS} characters.")
     request.cache_salt = salt
     request.wedlm = wedlm_options(body, defaults, max_window)
+
+
+def _sampling(body: dict, request: ParsedRequest) -> None:
+    """OpenAI's penalties and logit_bias, and vLLM's top_k, min_p and repetition_penalty, with their ranges."""
+    request.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0)
+    request.frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0)
+    request.min_p = _number(body, "min_p", 0.0, 1.0)
+    request.repetition_penalty = _number(body, "repetition_penalty", MIN_REPETITION_PENALTY, 2.0)
+    top_k = body.get("top_k")
+    if top_k is not None and (not _is_int(top_k) or top_k < -1):
+        raise invalid("top_k", f"top_k must be an integer >= 1, or -1 or 0 to consider every token; got {top_k!r}.")
+    request.top_k = None if top_k is None else max(top_k, 0)
+    request.logit_bias = _logit_bias(body.get("logit_bias"))
+
+
+def _logit_bias(value) -> dict[int, float] | None:
+    """{token id (a decimal string, as JSON keys are): bias from -100 to 100}; ids are checked against the
+    vocabulary when the choices are made."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise invalid(
+            "logit_bias",
+            f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids mapped to biases from -100 to 100.",
+        )
+    bias = {}
+    for key, number in value.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 9):
+            raise invalid("logit_bias", f"logit_bias keys are token ids written as decimal strings, got {key!r}.")
+        if not _is_number(number) or math.isnan(number) or not -100 <= number <= 100:
+            raise invalid("logit_bias", f"logit_bias[{key!r}] must be a number from -100 to 100, got {number!r}.")
+        bias[int(key)] = float(number)
+    return bias
 
 
 def _response_format(value) -> dict | None:
@@ -335,15 +364,28 @@ def _messages(messages) -> list[dict]:
         param = f"messages[{i}]"
         if not isinstance(message, dict):
             raise invalid(param, f"{param} must be an object with role and content.")
-        extra = set(message) - {"role", "content", "name"}
-        if extra:
-            raise invalid(param, f"{param} has fields this server does not support: {', '.join(sorted(extra))}.")
         role = message.get("role")
         if role not in _ROLES:
             raise invalid(f"{param}.role", f"{param}.role must be one of {', '.join(_ROLES)}, got {role!r}.")
+        allowed = {"role", "content", "name"} | {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}.get(role, set())
+        extra = set(message) - allowed
+        if extra:
+            raise invalid(param, f"{param} has fields this server does not support: {', '.join(sorted(extra))}.")
         if "name" in message and not isinstance(message["name"], str):
             raise invalid(f"{param}.name", f"{param}.name must be a string.")
-        parsed.append({"role": role, "content": _content(message.get("content"), f"{param}.content")})
+        calls = message.get("tool_calls")
+        if calls is not None and message.get("content") is None:  # an assistant turn that only called tools
+            parsed.append({"role": role, "content": "", "tool_calls": history_calls(calls, f"{param}.tool_calls")})
+            continue
+        entry = {"role": role, "content": _content(message.get("content"), f"{param}.content")}
+        if calls is not None:
+            entry["tool_calls"] = history_calls(calls, f"{param}.tool_calls")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise invalid(f"{param}.tool_call_id", f"{param}.tool_call_id must name the call it answers.")
+            entry["tool_call_id"] = call_id
+        parsed.append(entry)
     return parsed
 
 

@@ -81,7 +81,7 @@ def full_body(ids: ResponseIds, choices: list[dict], usage_: dict) -> dict:
         out = [
             {
                 "index": c["index"],
-                "message": {"role": "assistant", "content": c["text"]},
+                "message": _message(c),
                 "finish_reason": c["finish_reason"],
                 "logprobs": c.get("logprobs"),
             }
@@ -93,6 +93,15 @@ def full_body(ids: ResponseIds, choices: list[dict], usage_: dict) -> dict:
         for c in choices
     ]
     return {**ids.head("text_completion"), "choices": out, "usage": usage_}
+
+
+def _message(choice: dict) -> dict:
+    """A chat choice's message: its text, and its `tool_calls` where it called tools (then `content` is null when
+    no text came before the calls, as OpenAI answers)."""
+    calls = choice.get("tool_calls")
+    if not calls:
+        return {"role": "assistant", "content": choice["text"]}
+    return {"role": "assistant", "content": choice["text"] or None, "tool_calls": calls}
 
 
 def full_body_json(ids: ResponseIds, choices: list[dict], usage_: dict) -> bytes:
@@ -113,11 +122,14 @@ def chunk(
     wedlm: dict | None = None,
     role: bool = False,
     logprobs: dict | None = None,
+    tool_calls: list | None = None,
 ) -> dict:
-    """One choice's piece of a stream: new text (with its tokens' `logprobs` when asked), or (with
-    `finish_reason`) its end; `role` opens a chat choice."""
+    """One choice's piece of a stream: new text (with its tokens' `logprobs` when asked), a chat choice's
+    `tool_calls`, or (with `finish_reason`) its end; `role` opens a chat choice."""
     if ids.kind == "chat":
         delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+        if tool_calls:
+            delta = {"tool_calls": tool_calls}
         choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:

@@ -109,6 +109,7 @@ def serve_command(args) -> None:
             args.model,
             device=str(device),
             served_model_name=args.served_model_name,
+            dtype=args.dtype,
             limits=limits,
             compile_config=compile_config_for(device) if args.compile else None,
             prefix_cache_tokens=args.prefix_cache_tokens,
@@ -120,7 +121,8 @@ def serve_command(args) -> None:
 
     def announce(url: str) -> None:
         print(
-            f"serving {engine.model_id} on {url} (playground: /, API: /v1, health: /health); max batch size "
+            f"serving {engine.model_id} on {url} (playground: /, API: /v1, health: /health); {engine.dtype}; "
+            "max batch size "
             f"{limits.max_batch_size}, max queue {limits.max_queue} rows"
             + compiled
             + ("; API key required" if api_key else ""),

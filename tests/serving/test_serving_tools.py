@@ -1,0 +1,166 @@
+"""Function calling on `/v1/chat/completions` with the official client: tools rendered by the chat template, calls
+held to the tools' schemas at commit, parsed into `tool_calls`, streamed as `delta.tool_calls`, and calls and tool
+results in the history. The shipped model's chat template renders tools and calls as Qwen's templates do."""
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from live_server import MODEL_ID, LiveServer, shipped
+
+from wedlm_hf.serving.tool_calls import ToolCallText, parse_tools, tool_grammar
+from wedlm_hf.structured import compile_grammar
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+ADD = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "b": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "the forecast", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "add", "parameters": ADD}},
+]
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LiveServer() as live:
+        yield live.client()
+
+
+def schema_of(name: str) -> dict:
+    return next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == name)
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}], ids=["required", "named"]
+)
+def test_a_required_call_has_arguments_that_match_the_schema(client, choice):
+    answer = client.chat.completions.create(
+        model=MODEL_ID, messages=MESSAGES, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False, max_tokens=48
+    )
+    result = answer.choices[0]
+    assert result.finish_reason == "tool_calls" and result.message.content is None
+    (call,) = result.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    if isinstance(choice, dict):
+        assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), schema_of(call.function.name))
+
+
+def test_a_streamed_call_arrives_in_delta_tool_calls(client):
+    stream = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+        max_tokens=48,
+        stream=True,
+    )
+    chunks = list(stream)
+    texts = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+    calls = [call for c in chunks for call in (c.choices[0].delta.tool_calls or [])]
+    assert texts == [] and len(calls) == 1 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert calls[0].index == 0 and calls[0].function.name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER)
+
+
+def test_tool_choice_none_and_auto_answer_text(client):
+    plain = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=12, temperature=0)
+    none = client.chat.completions.create(
+        model=MODEL_ID, messages=MESSAGES, tools=TOOLS, tool_choice="none", max_tokens=12, temperature=0
+    )
+    assert none.choices[0].message.content == plain.choices[0].message.content  # the tools are not shown
+    auto = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, tools=TOOLS, max_tokens=12)
+    message = auto.choices[0].message  # the shipped model never opens a call: its text, without the tag
+    assert message.tool_calls is None and "<tool_call>" not in (message.content or "")
+
+
+def test_calls_and_results_in_the_history_reach_the_template(client):
+    history = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    answer = client.chat.completions.create(model=MODEL_ID, messages=history, tools=TOOLS, max_tokens=4)
+    assert answer.usage.prompt_tokens > 0
+    _, tokenizer = shipped()
+    text = tokenizer.apply_chat_template(
+        [history[0], {**history[1], "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": "Paris", "days": 3}}}]}, history[2]],
+        tools=TOOLS, add_generation_prompt=True, tokenize=False,
+    )  # fmt: skip
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>' in text
+    assert answer.usage.prompt_tokens == len(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"tools": [{"type": "code_interpreter"}]}, "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS * 33}, "tools"),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ],
+)
+def test_bad_tools_are_refused_by_name(client, fields, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=2, **fields)
+    assert error.value.body["param"] == param
+
+
+def test_auto_holds_an_opened_call_to_the_schemas():
+    """With tool_choice auto, text runs free until it opens a call; from there the JSON is the tools' own."""
+    _, tokenizer = shipped()
+    grammar = compile_grammar(("lark", tool_grammar(parse_tools({"tools": TOOLS}))), tokenizer, len(tokenizer))
+
+    def accepted(text: str) -> tuple[int, int]:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        return grammar.matcher().accepted(ids), len(ids)
+
+    for free in ("Just text.", "a < b and <tool> tags"):
+        assert accepted(free)[0] == accepted(free)[1]
+    good = 'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+    assert accepted(good)[0] == accepted(good)[1]
+    bad = 'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}'
+    assert accepted(bad)[0] < accepted(bad)[1]
+
+
+def test_tool_call_text_splits_as_it_streams():
+    split = ToolCallText()
+    pieces = ["Sure", ", <", "tool", "_call>\n", '{"name": "add", "arguments": {}}', "\n</tool_call>"]
+    shown = [split.feed(piece) for piece in pieces]
+    assert shown == ["Sure", ", ", "", "", "", ""] and split.content() == "Sure, "
+    (call,) = split.calls()
+    assert call["function"] == {"name": "add", "arguments": "{}"}
+    held = ToolCallText()
+    assert held.feed("a <tool") == "a " and held.rest() == "<tool" and held.calls() == []
