@@ -501,6 +501,13 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     srv.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     srv.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        choices=("hermes", "mistral"),
+        help="how the model writes tool calls: hermes, <tool_call> JSON </tool_call> (Qwen's, the released WeDLM "
+        "models'); mistral, [TOOL_CALLS] and a JSON list",
+    )
+    srv.add_argument(
         "--compile",
         action="store_true",
         help="decode on --max-batch-size fixed slots with a torch.compile'd step (CUDA graphs on a GPU); the same "

@@ -9,7 +9,8 @@ import openai
 import pytest
 from live_server import MODEL_ID, LiveServer, shipped
 
-from wedlm_hf.serving.tool_calls import ToolCallText, parse_tools, tool_grammar
+from wedlm_hf.cli import build_parser
+from wedlm_hf.serving.tool_calls import TOOL_FORMATS, ToolCallText, parse_tools, tool_grammar
 from wedlm_hf.structured import compile_grammar
 
 WEATHER = {
@@ -164,3 +165,36 @@ def test_tool_call_text_splits_as_it_streams():
     assert call["function"] == {"name": "add", "arguments": "{}"}
     held = ToolCallText()
     assert held.feed("a <tool") == "a " and held.rest() == "<tool" and held.calls() == []
+
+
+def test_the_mistral_format_is_another_server_option():
+    """`--tool-call-parser mistral`: calls written as [TOOL_CALLS] and a JSON list, held and parsed the same way."""
+    from live_server import engine
+
+    with LiveServer(engine(tool_call_parser="mistral")) as live:
+        client = live.client()
+        answer = client.chat.completions.create(
+            model=MODEL_ID, messages=MESSAGES, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+            max_tokens=64,
+        )  # fmt: skip
+        calls = answer.choices[0].message.tool_calls
+        assert answer.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+        for call in calls:
+            jsonschema.validate(json.loads(call.function.arguments), schema_of(call.function.name))
+    _, tokenizer = shipped()
+    spec = parse_tools({"tools": TOOLS})
+    grammar = compile_grammar(("lark", tool_grammar(spec, TOOL_FORMATS["mistral"])), tokenizer, len(tokenizer))
+    good = 'Sure.[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]'
+    bad = 'Sure.[TOOL_CALLS][{"name": "add", "arguments": {"a": "one"'
+    for text, whole in ((good, True), (bad, False), ("no call [TOOL here", True)):
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        assert (grammar.matcher().accepted(ids) == len(ids)) == whole, text
+    split = ToolCallText(TOOL_FORMATS["mistral"])
+    assert split.feed(good[:8]) == "Sure." and split.feed(good[8:]) == "" and split.content() == "Sure."
+    assert [c["function"]["name"] for c in split.calls()] == ["add"]
+    with pytest.raises(ValueError, match="--tool-call-parser 'xml'"):
+        engine(tool_call_parser="xml")
+    assert set(build_parser().parse_args(["serve", "--tool-call-parser", "mistral"]).__dict__) >= {"tool_call_parser"}
+    assert {a.dest: a.choices for a in build_parser()._subparsers._group_actions[0].choices["serve"]._actions}[
+        "tool_call_parser"
+    ] == tuple(TOOL_FORMATS)

@@ -177,7 +177,7 @@ async def _answer(engine: ServingEngine, request: Request, parse, arrived: float
             echoes = await asyncio.to_thread(_echoes, engine, parsed, prompts)
     ids = ResponseIds(parsed.kind, engine.model_id)
     tally = _Tally(prompts, parsed.n, engine.token_texts, parsed.kind, parsed.logprobs is not None, echoes)
-    tally.split_tool_calls(parsed.tools)
+    tally.split_tool_calls(parsed.tools, engine.tool_format)
     if not choices:  # echo with max_tokens 0: the scored prompts are the whole answer
         tally.finish = dict.fromkeys(range(tally.count), "length")
         done(None, time.monotonic(), tally)
@@ -308,10 +308,14 @@ class _Tally:
         self.cached: dict[int, int] = {}  # per prompt: the prompt tokens every one of its choices found cached
         self.first_token: float | None = None  # when the first completion token arrived (time.monotonic)
         self.tool_text: list | None = None  # with tools: each choice's `ToolCallText` (split_tool_calls)
+        self.tool_form = None
 
-    def split_tool_calls(self, tools) -> None:
-        """With tools a choice may call (`tool_calls`): each choice's text is split into its text and its calls."""
-        self.tool_text = [ToolCallText() for _ in range(self.count)] if tools is not None and tools.active else None
+    def split_tool_calls(self, tools, form) -> None:
+        """With tools a choice may call (`tool_calls`): each choice's text is split into its text and its calls,
+        written in `form` (a `ToolFormat`)."""
+        self.tool_form = form
+        active = tools is not None and tools.active
+        self.tool_text = [ToolCallText(form) for _ in range(self.count)] if active else None
 
     def shown(self, event: Delta) -> str:
         """A streamed delta's text: all of it, or with tools the part before a call (each delta read once)."""
@@ -379,7 +383,7 @@ class _Tally:
             for i in range(self.count)
         ]
         for choice in out if self.tool_text is not None else []:
-            split = ToolCallText()
+            split = ToolCallText(self.tool_form)
             split.feed(choice["text"])
             choice["text"], choice["tool_calls"] = split.content(), split.calls()
             if choice["tool_calls"] and choice["finish_reason"] == "stop":

@@ -25,7 +25,7 @@ from .log_probabilities import TokenTexts, token_log_probabilities
 from .openai_schema import APIError, ParsedRequest, invalid, wedlm_options
 from .sampling import choice_sampler
 from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, Choice, Scheduler, serving_limits
-from .tool_calls import tool_grammar
+from .tool_calls import TOOL_FORMATS, tool_grammar
 
 DEFAULT_MODEL_ID = "wedlm-hf-default"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
@@ -43,9 +43,13 @@ class ServingEngine:
         limits: ServingLimits | None = None,
         compile_config=None,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        tool_call_parser: str = "hermes",
         **kwargs,
     ):
         self.limits = serving_limits(limits, **kwargs)
+        if tool_call_parser not in TOOL_FORMATS:
+            raise ValueError(f"--tool-call-parser {tool_call_parser!r}: give one of {', '.join(TOOL_FORMATS)}.")
+        self.tool_format = TOOL_FORMATS[tool_call_parser]  # how the model writes its tool calls
         mask_token_id = getattr(model.config, "mask_token_id", None)
         if mask_token_id is None:
             raise ValueError(
@@ -312,7 +316,7 @@ class ServingEngine:
         tools = request.tools is not None and request.tools.active
         if request.json_schema is None and not tools:
             return None
-        spec = ("lark", tool_grammar(request.tools)) if tools else request.json_schema
+        spec = ("lark", tool_grammar(request.tools, self.tool_format)) if tools else request.json_schema
         param = "tools" if tools else "response_format"
         started = time.perf_counter()
         try:

@@ -110,6 +110,7 @@ def serve_command(args) -> None:
             device=str(device),
             served_model_name=args.served_model_name,
             dtype=args.dtype,
+            tool_call_parser=args.tool_call_parser,
             limits=limits,
             compile_config=compile_config_for(device) if args.compile else None,
             prefix_cache_tokens=args.prefix_cache_tokens,

@@ -1,15 +1,18 @@
 """Function calling on the chat route: `tools`, `tool_choice`, `parallel_tool_calls`, and calls in the history.
 
 The model sees the tools through its chat template (its `tools` argument) and calls one the way the template
-teaches it: Qwen's format, which the released WeDLM checkpoints use, a JSON object per call between tags,
+teaches it. Two formats are known (`--tool-call-parser`, vLLM's names): `hermes`, Qwen's, which the released WeDLM
+checkpoints use, a JSON object per call between tags,
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
+and `mistral`, one tag and a JSON list of the calls: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`.
+
 The calls are checked at commit by a grammar (`tool_grammar`), as `response_format` is: with `tool_choice`
 "required" or a named function the whole answer is calls; with "auto" free text may come first, and once the text
-opens a call, that call's JSON is held to the tools' schemas. So a call's `arguments` always parse and match its
+opens a call, the calls' JSON is held to the tools' schemas. So a call's `arguments` always parse and match its
 function's `parameters`. `ToolCallText` splits an answer into its text and its calls, while it streams.
 """
 
@@ -20,7 +23,23 @@ from dataclasses import dataclass
 
 from .api_errors import invalid
 
-OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a model writes its calls: `tag` opens them; `each` (hermes) wraps every call in `opening` ... `closing`,
+    calls one per line; otherwise (mistral) one JSON list of every call follows the tag."""
+
+    name: str
+    tag: str
+    opening: str
+    closing: str = ""
+    each: bool = True
+
+
+TOOL_FORMATS = {
+    "hermes": ToolFormat("hermes", "<tool_call>", "<tool_call>\n", "\n</tool_call>"),
+    "mistral": ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", each=False),
+}
 MAX_TOOLS = 64
 MAX_TOOLS_CHARS = 65_536  # every tool's JSON together: all of them are compiled into the request's grammar
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -96,8 +115,8 @@ def _choice(choice, names: list[str]) -> str:
     )
 
 
-def tool_grammar(spec: ToolSpec) -> str:
-    """The Lark grammar (llguidance's, with `%json` schemas) every answer of the request follows."""
+def tool_grammar(spec: ToolSpec, form: ToolFormat = TOOL_FORMATS["hermes"]) -> str:
+    """The Lark grammar (llguidance's, with `%json` schemas) every answer of the request follows, in `form`."""
     callable_ = [t["function"] for t in spec.tools if spec.choice in ("auto", "required", t["function"]["name"])]
     calls = []
     for function in callable_:
@@ -108,17 +127,21 @@ def tool_grammar(spec: ToolSpec) -> str:
             "additionalProperties": False,
         }
         calls.append({**schema, "x-guidance": _JSON_STYLE})
-    body = calls[0] if len(calls) == 1 else {"anyOf": calls, "x-guidance": _JSON_STYLE}
-    more = ' ("\\n" "<tool_call>\\n" call)*' if spec.parallel else ""
-    lines = [f"call: %json {json.dumps(body)} {json.dumps(CLOSE)}"]
-    if spec.choice == "auto":  # text without a tag, or text up to a tag and then calls
-        lines += [
-            f"start: PLAIN | OPEN call{more}",
-            "PLAIN: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/",
-            'OPEN: PLAIN "<tool_call>\\n"',
+    one = calls[0] if len(calls) == 1 else {"anyOf": calls, "x-guidance": _JSON_STYLE}
+    tag = json.dumps(form.opening)
+    if form.each:
+        lines = [
+            "calls: call" + (f' ("\\n" {tag} call)*' if spec.parallel else ""),
+            f"call: %json {json.dumps(one)} {json.dumps(form.closing)}",
         ]
     else:
-        lines.append(f'start: "<tool_call>\\n" call{more}')
+        listed = {"type": "array", "items": one, "minItems": 1, "x-guidance": _JSON_STYLE}
+        lines = [f"calls: %json {json.dumps(listed | ({} if spec.parallel else {'maxItems': 1}))}"]
+    if spec.choice == "auto":  # text without a tag, or text up to a tag and then calls
+        escaped = re.escape(form.tag).replace("/", "\\/")
+        lines += ["start: PLAIN | OPEN calls", f"PLAIN: /(?s:.*)/ & ~/(?s:.*{escaped}.*)/", f"OPEN: PLAIN {tag}"]
+    else:
+        lines.append(f"start: {tag} calls")
     return "\n".join(lines) + "\n"
 
 
@@ -150,9 +173,10 @@ def history_calls(calls, param: str) -> list[dict]:
 
 class ToolCallText:
     """One choice's answer split as it streams: `feed(text)` returns the text to show now (held back while it
-    may be the start of a call's tag); `calls()` at the end gives the calls, OpenAI's `tool_calls` entries."""
+    may be the start of the calls' tag); `calls()` at the end gives the calls, OpenAI's `tool_calls` entries."""
 
-    def __init__(self):
+    def __init__(self, form: ToolFormat = TOOL_FORMATS["hermes"]):
+        self.form = form
         self.text = ""
         self.shown = 0
         self.opened = False
@@ -161,14 +185,15 @@ class ToolCallText:
         self.text += piece
         if self.opened:
             return ""
-        at = self.text.find(OPEN.rstrip("\n"))
+        tag = self.form.tag
+        at = self.text.find(tag)
         if at >= 0:
             self.opened = True
             out, self.shown = self.text[self.shown : at], at
             return out
         end = len(self.text)  # hold back a suffix that may begin the tag
-        for k in range(min(len(OPEN), len(self.text)), 0, -1):
-            if OPEN.startswith(self.text[-k:]):
+        for k in range(min(len(tag), len(self.text)), 0, -1):
+            if tag.startswith(self.text[-k:]):
                 end = len(self.text) - k
                 break
         out, self.shown = self.text[self.shown : max(end, self.shown)], max(end, self.shown)
@@ -182,18 +207,30 @@ class ToolCallText:
         return out
 
     def content(self) -> str:
-        return self.text[: self.text.find(OPEN.rstrip("\n"))] if self.opened else self.text
+        return self.text[: self.text.find(self.form.tag)] if self.opened else self.text
 
     def calls(self) -> list[dict]:
         if not self.opened:
             return []
+        form, after = self.form, self.text[self.text.find(self.form.tag) :]
+        if form.each:
+            pattern = re.escape(form.opening) + "(.*?)" + re.escape(form.closing)
+            found = [_json(block) for block in re.findall(pattern, after, flags=re.S)]
+        else:
+            listed = _json(after[len(form.opening) :])
+            found = listed if isinstance(listed, list) else []
         out = []
-        for block in re.findall(r"<tool_call>\n(.*?)\n</tool_call>", self.text, flags=re.S):
-            try:
-                call = json.loads(block)
-            except ValueError:
-                continue  # (an answer cut by max_tokens ends inside a call)
+        for call in found:
+            if not isinstance(call, dict):  # (an answer cut by max_tokens ends inside a call)
+                continue
             arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
             function = {"name": call.get("name"), "arguments": arguments}
             out.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function", "function": function})
         return out
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
