@@ -201,7 +201,7 @@ def test_an_error_mid_stream_is_an_error_event_then_response_failed(client, monk
         ({"conversation": "conv_1"}, "conversation", "stateless"),
         ({"store": True}, "store", "stores no responses"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]", "functions only"),
-        ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].function.name", "letters"),
+        ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name", "letters"),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"frobnicate": 1}, "frobnicate", "Unrecognized request argument"),
         ({"max_tokens": 4}, "max_tokens", "Unrecognized request argument"),

@@ -4,6 +4,7 @@ results in the history. The shipped model's chat template renders tools and call
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -131,11 +132,22 @@ def test_calls_and_results_in_the_history_reach_the_template(client):
         ({"tools": TOOLS * 33}, "tools"),
         ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": "get_weather"}}, "tool_choice"),
+        ({"tools": TOOLS, "stop": ["\n"]}, "stop"),  # could end the answer inside a call
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {"tools": TOOLS, "messages": [*MESSAGES, {"role": "tool", "tool_call_id": "nope", "content": "x"}]},
+            "messages[1].tool_call_id",
+        ),
     ],
 )
 def test_bad_tools_are_refused_by_name(client, fields, param):
+    fields = {"messages": MESSAGES, **fields}
     with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=2, **fields)
+        client.chat.completions.create(model=MODEL_ID, max_tokens=2, **fields)
     assert error.value.body["param"] == param
 
 
@@ -198,3 +210,52 @@ def test_the_mistral_format_is_another_server_option():
     assert {a.dest: a.choices for a in build_parser()._subparsers._group_actions[0].choices["serve"]._actions}[
         "tool_call_parser"
     ] == tuple(TOOL_FORMATS)
+
+
+def test_schemas_keep_their_meaning_inside_a_call():
+    """A function's parameters are the root of their own schema: `$defs` and `$ref`s resolve as written, a
+    recursive `$ref` means the parameters (not the call around them), and no parameters mean `{}`."""
+    _, tokenizer = shipped()
+    tree = {
+        "type": "object",
+        "properties": {"v": {"type": "integer"}, "child": {"$ref": "#"}, "at": {"$ref": "#/$defs/Loc"}},
+        "required": ["v"],
+        "additionalProperties": False,
+        "$defs": {"Loc": {"type": "object", "properties": {"c": {"type": "string"}}, "required": ["c"]}},
+    }
+    tools = [
+        {"type": "function", "function": {"name": "tree", "parameters": tree}},
+        {"type": "function", "function": {"name": "ping", "parameters": None, "description": None}},
+    ]
+    grammar = compile_grammar(
+        ("lark", tool_grammar(parse_tools({"tools": tools, "tool_choice": "required"}))), tokenizer, len(tokenizer)
+    )
+
+    def whole(arguments: str, name: str = "tree") -> bool:
+        text = f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        return grammar.matcher().accepted(ids) == len(ids)
+
+    assert whole('{"v": 1, "child": {"v": 2}, "at": {"c": "x"}}')
+    assert not whole('{"v": 1, "child": {"name": "tree", "arguments": {}}}')  # # is the parameters, not the call
+    assert not whole('{"v": 1, "at": {"d": 1}}')
+    assert whole("{}", "ping") and not whole('"hello"', "ping") and not whole('{"x": 1}', "ping")
+
+
+def test_parallel_calls_split_into_several():
+    split = ToolCallText()
+    one = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    assert split.feed(one + "\n" + one.replace("1", "5")) == ""
+    assert [json.loads(c["function"]["arguments"])["a"] for c in split.calls()] == [1, 5]
+    cut = ToolCallText()
+    cut.feed(one + '\n<tool_call>\n{"name": "add", "argu')  # cut by max_tokens inside the second call
+    assert len(cut.calls()) == 1
+
+
+def test_a_lone_surrogate_in_a_tool_is_a_400(client):
+    """JSON escapes can carry a lone surrogate (the official client cannot send one): refused, not a 500."""
+    tool = '{"type": "function", "function": {"name": "f", "description": "x\\ud800"}}'
+    head = json.dumps({"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]})
+    raw = head[:-1] + ', "tools": [' + tool + "]}"
+    answer = httpx.post(f"{client.base_url}chat/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "tools"

@@ -385,7 +385,8 @@ class _Tally:
         for choice in out if self.tool_text is not None else []:
             split = ToolCallText(self.tool_form)
             split.feed(choice["text"])
-            choice["text"], choice["tool_calls"] = split.content(), split.calls()
+            choice["tool_calls"] = split.calls()
+            choice["text"] = split.content() if split.content().strip() or not choice["tool_calls"] else ""
             if choice["tool_calls"] and choice["finish_reason"] == "stop":
                 choice["finish_reason"] = "tool_calls"
         return out

@@ -50,6 +50,11 @@ class ServingEngine:
         if tool_call_parser not in TOOL_FORMATS:
             raise ValueError(f"--tool-call-parser {tool_call_parser!r}: give one of {', '.join(TOOL_FORMATS)}.")
         self.tool_format = TOOL_FORMATS[tool_call_parser]  # how the model writes its tool calls
+        if self.tool_format.tag in getattr(tokenizer, "all_special_tokens", ()):
+            raise ValueError(
+                f"--tool-call-parser {tool_call_parser}: {self.tool_format.tag} is a special token of this tokenizer, "
+                "which decoded text never holds; this server reads calls from the text."
+            )
         mask_token_id = getattr(model.config, "mask_token_id", None)
         if mask_token_id is None:
             raise ValueError(
@@ -166,6 +171,11 @@ class ServingEngine:
             raise
         except Exception as exc:  # the template refused the conversation (e.g. raise_exception in the template)
             raise invalid("messages", f"The chat template refused these messages: {exc}") from exc
+        try:  # tools and call arguments reach the prompt unchecked by the message checks
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            param = "tools" if listed else "messages"
+            raise invalid(param, f"{param} hold text that is not valid Unicode (a lone surrogate).") from None
         ids = self._text_ids(text, "messages", add_special_tokens=False)
         if not ids:
             raise invalid("messages", "The chat template rendered these messages as an empty prompt.")

@@ -152,6 +152,8 @@ def _parse_chat(body: dict, request: ParsedRequest, model_id, defaults, max_wind
     request.tools = parse_tools(body)
     if request.tools is not None and request.tools.active and request.json_schema is not None:
         raise invalid("response_format", "Give tools or response_format, not both: each decides the answer's form.")
+    if request.tools is not None and request.tools.active and request.stop:
+        raise invalid("stop", "stop strings cannot be combined with tools: one could end the answer inside a call.")
     return request
 
 
@@ -382,8 +384,11 @@ def _messages(messages) -> list[dict]:
             entry["tool_calls"] = history_calls(calls, f"{param}.tool_calls")
         if role == "tool":
             call_id = message.get("tool_call_id")
-            if not isinstance(call_id, str):
-                raise invalid(f"{param}.tool_call_id", f"{param}.tool_call_id must name the call it answers.")
+            called = {c.get("id") for m in parsed for c in m.get("tool_calls", ())}
+            if not isinstance(call_id, str) or call_id not in called:
+                raise invalid(
+                    f"{param}.tool_call_id", f"{param}.tool_call_id must name a call of an earlier assistant message."
+                )
             entry["tool_call_id"] = call_id
         parsed.append(entry)
     return parsed

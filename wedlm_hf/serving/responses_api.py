@@ -42,6 +42,7 @@ _CHAT_NAMES = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_
 _CHAT_NAMES |= {"response_format": "text.format", "messages": "input"}
 _CHAT_WORDS = re.compile(r"\b(max_completion_tokens|max_tokens|response_format)\b")
 _MESSAGE_INDEX = re.compile(r"messages\[(\d+)\]")
+_TOOL_PARAM = re.compile(r"^(tools\[\d+\])\.function")
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's bounds
 
 
@@ -116,6 +117,7 @@ def responses_error(exc: APIError, sources: list[str] | None = None) -> Response
 
     param = exc.param
     if param is not None:
+        param = _TOOL_PARAM.sub(r"\1", param)  # the chat route's tools[i].function.x is this route's tools[i].x
         param = _CHAT_NAMES.get(param) or rename(param)
         param = "input" if param.startswith("messages") else param
     return ResponsesError(exc.status, rename(exc.message), param, exc.code, exc.kind, exc.headers)
@@ -179,8 +181,8 @@ def _conversation(body: dict) -> tuple[list[dict], list[str]]:
         for i, item in enumerate(given):
             message = _message(item, f"input[{i}]")
             last = messages[-1] if messages else None
-            if "tool_calls" in message and last is not None and last.get("tool_calls") and not last["content"]:
-                last["tool_calls"] += message["tool_calls"]  # one assistant turn that called several functions
+            if "tool_calls" in message and last is not None and last["role"] == "assistant":
+                last["tool_calls"] = last.get("tool_calls", []) + message["tool_calls"]  # one turn: text, then calls
                 continue
             messages.append(message)
             sources.append(f"input[{i}]")

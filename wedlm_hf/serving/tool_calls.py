@@ -47,18 +47,28 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # OpenAI's omitted ones
+
+
 @dataclass(frozen=True)
 class ToolSpec:
-    """A request's tools (OpenAI's `{"type": "function", "function": {...}}` objects), which of them may be called
-    ("none", "auto", "required", or one function's name) and whether an answer may hold several calls."""
+    """A request's tools (OpenAI's `{"type": "function", "function": {...}}` objects, `description` and
+    `parameters` normalised), which may be called (`choice`: "none", "auto", "required", or "named" for the function
+    `name`) and whether an answer may hold several calls."""
 
     tools: tuple
     choice: str
     parallel: bool
+    name: str | None = None
 
     @property
     def active(self) -> bool:
         return self.choice != "none"
+
+    def callable(self) -> list[dict]:
+        """The functions the answer may call."""
+        functions = [tool["function"] for tool in self.tools]
+        return [f for f in functions if self.choice != "named" or f["name"] == self.name]
 
     def template_tools(self) -> list[dict]:
         """The tools as chat templates take them (transformers passes OpenAI's objects through)."""
@@ -78,36 +88,44 @@ def parse_tools(body: dict) -> ToolSpec | None:
         raise invalid("tools", f"tools must be a list of at most {MAX_TOOLS} function tools.")
     if len(json.dumps(tools)) > MAX_TOOLS_CHARS:
         raise invalid("tools", f"tools, as JSON, must be at most {MAX_TOOLS_CHARS} characters.")
-    names = []
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise invalid(param, f'{param} must be {{"type": "function", "function": {{"name": ..., ...}}}}.')
-        function = tool["function"]
-        unknown = set(function) - {"name", "description", "parameters", "strict"}
-        if unknown:
-            raise invalid(f"{param}.function", f"{param}.function has unknown fields: {', '.join(sorted(unknown))}.")
-        name = function.get("name")
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise invalid(f"{param}.function.name", "a function name is 1 to 64 letters, digits, '_' or '-'.")
-        if name in names:
-            raise invalid(f"{param}.function.name", f"two tools are named {name!r}.")
-        names.append(name)
-        if not isinstance(function.get("description", ""), str):
-            raise invalid(f"{param}.function.description", "a function's description must be a string.")
-        if not isinstance(function.get("parameters", {}), dict):
-            raise invalid(f"{param}.function.parameters", "a function's parameters must be a JSON schema object.")
-    return ToolSpec(tuple(tools), _choice(choice, names), True if parallel is None else parallel)
+    checked = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    names = [tool["function"]["name"] for tool in checked]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise invalid(f"tools[{i}].function.name", f"two tools are named {name!r}.")
+    kind, name = _choice(choice, names)
+    return ToolSpec(tuple(checked), kind, True if parallel is None else parallel, name)
 
 
-def _choice(choice, names: list[str]) -> str:
+def _tool(tool, param: str) -> dict:
+    """One tool, checked; a null description or parameters is left out, and omitted parameters mean none."""
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise invalid(param, f'{param} must be {{"type": "function", "function": {{"name": ..., ...}}}}.')
+    function = {k: v for k, v in tool["function"].items() if v is not None}
+    unknown = set(function) - {"name", "description", "parameters", "strict"}
+    if unknown:
+        raise invalid(f"{param}.function", f"{param}.function has unknown fields: {', '.join(sorted(unknown))}.")
+    name = function.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise invalid(f"{param}.function.name", "a function name is 1 to 64 letters, digits, '_' or '-'.")
+    if not isinstance(function.get("description", ""), str):
+        raise invalid(f"{param}.function.description", "a function's description must be a string.")
+    parameters = function.get("parameters") or EMPTY_PARAMETERS
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise invalid(f"{param}.function.parameters", 'a function\'s parameters are a JSON schema of "type": "object".')
+    function["parameters"] = {"type": "object", **parameters}  # arguments are always an object
+    return {"type": "function", "function": function}
+
+
+def _choice(choice, names: list[str]) -> tuple[str, str | None]:
     if choice is None:
-        return "auto"
+        return "auto", None
     if choice in ("none", "auto", "required"):
-        return choice
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        return choice, None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    named = function.get("name") if isinstance(function, dict) else None
     if isinstance(choice, dict) and choice.get("type") == "function" and named in names:
-        return named
+        return "named", named
     raise invalid(
         "tool_choice",
         'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": NAME}} naming '
@@ -116,27 +134,23 @@ def _choice(choice, names: list[str]) -> str:
 
 
 def tool_grammar(spec: ToolSpec, form: ToolFormat = TOOL_FORMATS["hermes"]) -> str:
-    """The Lark grammar (llguidance's, with `%json` schemas) every answer of the request follows, in `form`."""
-    callable_ = [t["function"] for t in spec.tools if spec.choice in ("auto", "required", t["function"]["name"])]
-    calls = []
-    for function in callable_:
-        schema = {
-            "type": "object",
-            "properties": {"name": {"const": function["name"]}, "arguments": function.get("parameters") or {}},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        calls.append({**schema, "x-guidance": _JSON_STYLE})
-    one = calls[0] if len(calls) == 1 else {"anyOf": calls, "x-guidance": _JSON_STYLE}
+    """The Lark grammar (llguidance's) every answer of the request follows, in `form`. Each function's call is
+    written out in the grammar, `{"name": NAME, "arguments": ` then its `parameters` as the root of a `%json`
+    schema (so `$ref`s and `$defs` in it mean what they say), then `}`."""
+    lines = []
+    for k, function in enumerate(spec.callable()):
+        head = json.dumps('{"name": ' + json.dumps(function["name"]) + ', "arguments": ')
+        schema = {**function["parameters"], "x-guidance": _JSON_STYLE}
+        lines.append(f'fn{k}: {head} %json {json.dumps(schema)} "}}"')
+    lines.append("one: " + " | ".join(f"fn{k}" for k in range(len(lines))))
     tag = json.dumps(form.opening)
     if form.each:
-        lines = [
+        lines += [
             "calls: call" + (f' ("\\n" {tag} call)*' if spec.parallel else ""),
-            f"call: %json {json.dumps(one)} {json.dumps(form.closing)}",
+            f"call: one {json.dumps(form.closing)}",
         ]
     else:
-        listed = {"type": "array", "items": one, "minItems": 1, "x-guidance": _JSON_STYLE}
-        lines = [f"calls: %json {json.dumps(listed | ({} if spec.parallel else {'maxItems': 1}))}"]
+        lines.append('calls: "[" one' + (' (", " one)*' if spec.parallel else "") + ' "]"')
     if spec.choice == "auto":  # text without a tag, or text up to a tag and then calls
         escaped = re.escape(form.tag).replace("/", "\\/")
         lines += ["start: PLAIN | OPEN calls", f"PLAIN: /(?s:.*)/ & ~/(?s:.*{escaped}.*)/", f"OPEN: PLAIN {tag}"]
@@ -207,6 +221,7 @@ class ToolCallText:
         return out
 
     def content(self) -> str:
+        """The text before the calls (all of it without calls)."""
         return self.text[: self.text.find(self.form.tag)] if self.opened else self.text
 
     def calls(self) -> list[dict]:
@@ -223,7 +238,10 @@ class ToolCallText:
         for call in found:
             if not isinstance(call, dict):  # (an answer cut by max_tokens ends inside a call)
                 continue
-            arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
+            try:  # (a number the grammar allows, such as 1e999, has no JSON spelling once parsed)
+                arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False, allow_nan=False)
+            except ValueError:
+                continue
             function = {"name": call.get("name"), "arguments": arguments}
             out.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function", "function": function})
         return out
@@ -232,5 +250,5 @@ class ToolCallText:
 def _json(text: str):
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
