@@ -1,7 +1,7 @@
 """The step as a whole: in default and lossless greedy mode a step reads the device once (the step's fills and AR
-choices), whatever the batch, on the dynamic and the static cache; rows that join mid-way and rows that finish do not add reads. (The first forward, on an
-empty dynamic cache, passes transformers the 2D mask, and transformers' mask function reads it to choose sdpa's
-causal kernel, as in AR's prefill.)"""
+choices), whatever the batch, on the dynamic and the static cache; rows that join mid-way and rows that finish do
+not add reads. (The first forward, on an empty dynamic cache, passes transformers the 2D mask, and transformers'
+mask function reads it to choose sdpa's causal kernel, as in AR's prefill.)"""
 
 import pytest
 import torch
