@@ -1,7 +1,10 @@
 """Serving wing: `wedlm-hf serve`, an OpenAI-compatible server with WeDLM decoding and continuous batching.
 
-- `openai_schema`: request bodies in, validated `ParsedRequest` out; OpenAI-style error bodies.
+- `openai_schema`: request bodies in, validated `ParsedRequest` out; `api_errors`: OpenAI-style error bodies.
 - `engine`: the served model: loading, prompt encoding, context limits, each choice's decoding settings.
+- `sampling`: a choice's sampler, the core's processors plus `logit_bias` and OpenAI's penalties.
+- `tool_calls`: tools and `tool_choice`, the grammar that holds calls to their schemas, calls split from the text.
+- `responses_api`: `POST /v1/responses` on the chat path; `transformers_chat`: `transformers chat`'s extras.
 - `limits`: the bounds on what one request may ask for, and its share of the batch.
 - `access`: the Host check, the API key and JSON-only bodies (an ASGI middleware).
 - `scheduler`: the one decoding loop that owns the model (continuous batching on one `StreamingDecoder`, fair
@@ -14,7 +17,7 @@
 - `server`: uvicorn with a draining shutdown; `wedlm-hf serve`.
 - `bench_serve`, `stock_qwen3`: `wedlm-hf bench-serve` against batch size 1 and `transformers serve`.
 
-Imports the core and `default_model_path` from the data wing; nothing imports this wing.
+Imports the core, and `default_model_path` and `load_dtype` from the data wing; nothing imports this wing.
 """
 
 import importlib.util
