@@ -37,6 +37,8 @@ TOOLS = [
     {"type": "function", "function": {"name": "add", "parameters": ADD}},
 ]
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
+DEEP = {"name": "add", "arguments": "[" * 100_000}  # nesting json.loads cannot follow
+DEEP_CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": DEEP}]}
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +144,7 @@ def test_calls_and_results_in_the_history_reach_the_template(client):
             {"tools": TOOLS, "messages": [*MESSAGES, {"role": "tool", "tool_call_id": "nope", "content": "x"}]},
             "messages[1].tool_call_id",
         ),
+        ({"messages": [*MESSAGES, DEEP_CALL]}, "messages[1].tool_calls[0].function.arguments"),  # 400, not 500
     ],
 )
 def test_bad_tools_are_refused_by_name(client, fields, param):

@@ -174,7 +174,7 @@ def history_calls(calls, param: str) -> list[dict]:
             raise invalid(f"{where}.function.name", "a call names its function.")
         try:
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
+        except (ValueError, RecursionError):
             raise invalid(f"{where}.function.arguments", "a call's arguments are a JSON object, as text.") from None
         if not isinstance(arguments, dict):
             raise invalid(f"{where}.function.arguments", "a call's arguments are a JSON object, as text.")
