@@ -33,7 +33,7 @@ from .dual_stream_loss import additive_attention_mask, dual_stream_loss
 from .generation_wedlm import STRATEGIES, ensure_wedlm_generation_defaults, generate_wedlm, resolve_strategy
 from .grammar_commit import with_grammar
 from .loading_checks import check_attention_weights, check_checkpoint_files, unreadable_weights
-from .transformers_versions import CACHE_KWARG
+from .transformers_versions import CACHE_KWARG, distributed_argument
 
 
 def _cache_in_signature(forward):
@@ -90,6 +90,7 @@ class WeDLMPreTrainedModel(Qwen3PreTrainedModel):
         config.json without the model's sizes, and a generation_config.json it would otherwise replace by the
         defaults (`loading_checks`)."""
         check_checkpoint_files(pretrained_model_name_or_path, kwargs, cls.can_generate())
+        kwargs = distributed_argument(kwargs, stacklevel=2)
         try:
             model, info = super().from_pretrained(
                 pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs

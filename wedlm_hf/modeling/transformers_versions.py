@@ -2,10 +2,12 @@
 
 From 5.24 transformers names the KV cache `cache` where it said `past_key_values`: in `forward`, in `generate`'s
 keyword arguments and in `generate`'s output. The core reads the installed version's names here; a model's own
-`forward` (remote code written for either version) is read from its signature.
+`forward` (remote code written for either version) is read from its signature. `tp_plan` passed to `from_pretrained`
+is deprecated in every supported version for a `DistributedConfig`, which `distributed_argument` builds.
 """
 
 import inspect
+import warnings
 import weakref
 
 from transformers import GenerationMixin
@@ -50,3 +52,29 @@ def cache_argument(model_kwargs: dict):
     if past_key_values is not None and cache is not None and past_key_values is not cache:
         raise ValueError("Pass the cache once: as `cache` (or `past_key_values`, its older name), not both.")
     return cache if cache is not None else past_key_values
+
+
+def distributed_argument(kwargs: dict, stacklevel: int) -> dict:
+    """`from_pretrained` keyword arguments with `tp_plan` / `tp_size` moved into a `DistributedConfig`, which is
+    where transformers reads them since 5.x (passed directly they are deprecated). The deprecation is reported at the
+    caller's line `stacklevel` frames up, not at this package's `from_pretrained`, which only passes them on."""
+    standalone = {name: kwargs[name] for name in ("tp_plan", "tp_size") if kwargs.get(name) is not None}
+    if not standalone:
+        return kwargs
+    if kwargs.get("distributed_config") is not None:
+        raise ValueError(
+            "Pass either `distributed_config` or the standalone `tp_plan`/`tp_size` arguments, not both: set them "
+            "on `DistributedConfig`."
+        )
+    from transformers.distributed import DistributedConfig
+
+    if "tp_plan" in standalone:
+        warnings.warn(
+            "Passing `tp_plan` directly to `from_pretrained` is deprecated in transformers: pass "
+            "`distributed_config=DistributedConfig(tp_plan=...)` (from transformers.distributed).",
+            FutureWarning,
+            stacklevel=stacklevel + 1,
+        )
+    kwargs = {name: value for name, value in kwargs.items() if name not in ("tp_plan", "tp_size")}
+    kwargs["distributed_config"] = DistributedConfig(**standalone)
+    return kwargs
