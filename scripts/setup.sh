@@ -11,14 +11,19 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PY" -m venv .venv
 fi
-# The playground's browser test drives Debian's chromium; install it when missing and this user may.
-if ! command -v chromium >/dev/null 2>&1; then
+# The playground's browser test drives Debian's chromium, the replicas example's test Debian's nginx; install them
+# when missing and this user may.
+missing=""
+command -v chromium >/dev/null 2>&1 || missing="chromium"
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$missing nginx"
+if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing Debian's chromium (for the playground's browser test)"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
-      >/dev/null || echo "setup: could not install chromium; the browser test will be skipped, saying why"
+    echo "setup: installing Debian's$missing (the playground's browser test, the replicas example's test)"
+    # shellcheck disable=SC2086  # one package name per word
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing) \
+      >/dev/null || echo "setup: could not install$missing; the tests that need them will be skipped, saying why"
   else
-    echo "setup: chromium not found (install Debian's chromium to run the playground's browser test)"
+    echo "setup:$missing not found (install them from Debian to run the browser and replicas tests)"
   fi
 fi
 installed() { .venv/bin/python -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, sys.argv[1:])))" "$@" 2>/dev/null; }

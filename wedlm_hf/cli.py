@@ -516,9 +516,17 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--prefix-cache-tokens",
         type=non_negative_int,
-        default=16384,
+        default=None,
         help="tokens of prompts and answers whose K/V are kept across requests (blocks of 16, least recently used "
-        "dropped first); a prompt that starts like an earlier one prefills only the rest; 0: off",
+        "dropped first); a prompt that starts like an earlier one prefills only the rest; 0: off (default: 16384, "
+        "off under --tensor-parallel-size)",
+    )
+    srv.add_argument(
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks the model is split over (transformers' tp_plan), started here with torchrun's launcher, or "
+        "each a torchrun rank on several machines (docs/serving.md); gloo on CPUs, NCCL on GPUs",
     )
     srv.add_argument(
         "--prefix-cache-per-key",
@@ -553,10 +561,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--servers",
         nargs="+",
         default=None,
-        choices=["wedlm", "wedlm-b1", "wedlm-nocache", "tf", "tf-cb"],
+        choices=["wedlm", "wedlm-b1", "wedlm-nocache", "wedlm-tp", "tf", "tf-cb"],
         help="which servers to run (default: wedlm wedlm-b1 tf tf-cb; with --workload shared-prefix: wedlm "
-        "wedlm-nocache)",
+        "wedlm-nocache); wedlm-tp: wedlm over --tensor-parallel-size ranks",
     )
+    bs.add_argument(
+        "--tensor-parallel-size", type=positive_int, default=2, help="ranks of the wedlm-tp server (default 2)"
+    )
+    bs.add_argument("--dtype", default="auto", choices=DTYPES, help=f"every server's dtype: {DTYPE_HELP}")
     bs.add_argument(
         "--transformers-serve-python",
         type=existing_file,
@@ -580,6 +592,7 @@ def _run(command: str, args) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Parses `argv` and runs the command; errors raise (the `console` script turns them into one line)."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a command that starts more processes passes on
     _run(args.command, args)
 
 
@@ -591,6 +604,7 @@ def console(argv: list[str] | None = None) -> int:
     """The installed `wedlm-hf` script: `main` with the error policy of this module's docstring."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = list(argv)
     prog = f"wedlm-hf {args.command}"
     if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         _run(args.command, args)

@@ -1,6 +1,7 @@
 """`generate` under tensor parallelism, as a transformers user runs it: `torchrun --nproc-per-node 2` (gloo on this
 CPU) with `distributed_config=DistributedConfig(tp_plan="auto")` gives the single process's tokens in every mode
-(AR, WeDLM, lossless; greedy and seeded sampling; batched and alone), and our code raises no warning."""
+(AR, WeDLM, lossless; greedy and seeded sampling; batched and alone), ranks seeded apart sample the same tokens
+(`rank_random_state`), and our code raises no warning."""
 
 import json
 import os
@@ -48,6 +49,7 @@ def test_tensor_parallel_generate_equals_one_process(which, tmp_path, char_token
     assert ranks["world"] == 2 and ranks["sharded"] == "DTensor"  # the weights really were split
     assert ranks["warnings"] == []
     assert ranks["results"] == expected
+    assert ranks["apart"][0] == ranks["apart"][1]  # ranks seeded apart sample what rank 0 samples
 
 
 def test_tp_plan_passed_directly_warns_at_the_callers_line():

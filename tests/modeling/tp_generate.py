@@ -49,6 +49,12 @@ def main(folder: str, dtype: str, destination: str) -> None:
         ).eval()
         results = run_cases(model, AutoTokenizer.from_pretrained(folder))
     ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "wedlm_hf" in w.filename]
+    # ranks seeded apart still draw the same tokens (else they would run different numbers of forwards and hang)
+    torch.manual_seed(1000 + dist.get_rank())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    drawn = model.generate(**tokenizer(PROMPTS[:1], return_tensors="pt"), max_new_tokens=20, **MODES["sampled"])
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, drawn.tolist())
     sharded = model.model.layers[0].self_attn.q_proj.weight
     if dist.get_rank() == 0:
         with open(destination, "w") as f:
@@ -58,6 +64,7 @@ def main(folder: str, dtype: str, destination: str) -> None:
                     "warnings": ours,
                     "world": dist.get_world_size(),
                     "sharded": type(sharded).__name__,
+                    "apart": every,
                 },
                 f,
             )

@@ -33,6 +33,7 @@ from .generation_inputs import (
     validate_padding,
 )
 from .grammar_commit import allowed_tokens
+from .rank_random_state import share_random_state
 from .streaming_decoder import StreamingDecoder
 from .transformers_versions import OUTPUT_CACHE_FIELD, cache_argument
 from .window_filling import FillSampler, sampling_processors
@@ -147,6 +148,7 @@ def generate_wedlm(
     options = WeDLMDecodingConfig.from_values(config, **explicit)  # the arguments over the generation config
     mask_token_id = resolve_mask_token_id(model, config, tokenizer, mask_token_id)
     validate_config(config, given_cache)
+    share_random_state(model)  # a model split over ranks: they must draw the same tokens
 
     input_ids, attention_mask, prefixes, max_new = _prepare_inputs(
         model, config, input_ids, attention_mask, given_cache

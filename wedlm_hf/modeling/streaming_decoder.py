@@ -32,7 +32,6 @@ from .decoding_state import DecodingRow, DecodingSettings, Fill
 from .draft_verification import ar_predictions
 from .grammar_hook import MAX_FORCED, constrain_window, restrict_to_grammar
 from .ragged_cache import RaggedCache
-from .slot_cache import SlotCache
 from .step_feed import StepFeed, build_feed, logit_columns, open_masks
 from .step_readout import StepReadout, read_step
 from .window_refill import refill
@@ -46,8 +45,8 @@ class StreamingDecoder:
     add(prompt, settings) -> row joins at the next step; step() -> the rows that committed or finished;
     finish(row, keep) ends a row early (a stopping criterion, a cancelled request).
 
-    `cache`: an empty DynamicCache to decode on (one is made when None), or a `SlotCache` for static shapes
-    (docs/algorithm.md section 3.j).
+    `cache`: an empty DynamicCache to decode on (one is made when None), a `SlotCache` for static shapes
+    (docs/algorithm.md section 3.j), or any other `DecodingCache` (a server's cache mirrored on several ranks).
 
     `token_budget` bounds the token rows one forward feeds (batch x width, padding included): a joining prompt
     that would widen the forward past it is prefilled in chunks over several steps, its window joining with the
@@ -64,7 +63,7 @@ class StreamingDecoder:
         self.keep_cache = keep_cache
         self.token_budget = token_budget
         self.kv: DecodingCache = (
-            cache if isinstance(cache, SlotCache) else RaggedCache(model, 0, max_dead=16, cache=cache)
+            cache if hasattr(cache, "keep_leading") else RaggedCache(model, 0, max_dead=16, cache=cache)
         )
         self.active: list[DecodingRow] = []
         self._joining: list[DecodingRow] = []

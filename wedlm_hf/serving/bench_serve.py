@@ -9,6 +9,9 @@ measured at every concurrency level (each client sends `--requests` greedy /v1/c
 other, streamed), and stopped before the next starts. Reported: requests/s and output tokens/s over the level's
 wall time, time to first token and request latency (p50 / p95).
 
+`wedlm-tp` is `wedlm` split over `--tensor-parallel-size` ranks (with its prefix cache off, as tensor parallelism
+has it); `--dtype` is every server's.
+
 `--workload shared-prefix` sends prompts that share a ~600-token start (a system prompt, a few-shot block) and end
 in a short question each, to `wedlm` against `wedlm-nocache` (the same server with `--prefix-cache-tokens 0`).
 """
@@ -31,6 +34,7 @@ SERVERS = {
     "wedlm": "wedlm-hf serve",
     "wedlm-b1": "wedlm-hf serve --max-batch-size 1",
     "wedlm-nocache": "wedlm-hf serve --prefix-cache-tokens 0",
+    "wedlm-tp": "wedlm-hf serve --tensor-parallel-size N (its prefix cache off)",
     "tf": "transformers serve (AR)",
     "tf-cb": "transformers serve --continuous-batching (AR)",
 }
@@ -236,16 +240,21 @@ def server_command(
     tf_python: str | None,
     threads: int,
     device: str = "cpu",
+    dtype: str = "auto",
+    tensor_parallel_size: int = 1,
 ) -> list[str]:
     if kind.startswith("wedlm"):
         batch = "1" if kind == "wedlm-b1" else "16"
         command = [sys.executable, "-m", "wedlm_hf.cli", "serve", "--port", str(port), "--max-batch-size", batch]
         if kind == "wedlm-nocache":
             command += ["--prefix-cache-tokens", "0"]
+        if kind == "wedlm-tp":
+            command += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        command += ["--dtype", dtype]
         return command + ["--threads", str(threads), "--model", model_dir, "--device", device]
     launcher = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
     command = [tf_python, "-c", launcher, "serve", stock_dir, "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--device", device]
+    command += ["--device", device, "--dtype", "auto" if dtype == "auto" else dtype]
     if kind == "tf-cb":  # on CPU the paged cache must be sized by hand, or it claims ~90% of RAM
         command += ["--continuous-batching", "--cb-num-blocks", "64", "--cb-max-batch-tokens", "512"]
     return command
@@ -261,6 +270,8 @@ def bench_serve(
     threads: int = 1,
     device: str = "cpu",
     workload: str = "mixed",
+    dtype: str = "auto",
+    tensor_parallel_size: int = 2,
     print_fn=print,
 ) -> list[LevelResult]:
     from transformers import AutoTokenizer
@@ -298,7 +309,17 @@ def bench_serve(
             stock_dir = str(save_stock_qwen3(model_dir, Path(scratch) / "qwen3-stock"))
         for kind in wanted:
             port = free_port()
-            command = server_command(kind, port, model_dir, stock_dir, transformers_serve_python, threads, device)
+            command = server_command(
+                kind,
+                port,
+                model_dir,
+                stock_dir,
+                transformers_serve_python,
+                threads,
+                device,
+                dtype,
+                tensor_parallel_size,
+            )
             server = ServerProcess(command, port, Path(scratch) / f"{kind}.log", threads)
             try:
                 server.wait_ready()
@@ -340,7 +361,7 @@ def summary(results: list[LevelResult]) -> list[str]:
     lines = []
     by = {(r.server, r.clients): r for r in results}
     top = max((r.clients for r in results if r.server == "wedlm"), default=None)
-    for other in ("wedlm-b1", "wedlm-nocache", "tf", "tf-cb"):
+    for other in ("wedlm-b1", "wedlm-nocache", "wedlm-tp", "tf", "tf-cb"):
         if top is not None and (other, top) in by:
             ratio = by[("wedlm", top)].tokens_per_s / by[(other, top)].tokens_per_s
             lines.append(f"wedlm / {other} output tokens/s at {top} clients: {ratio:.2f}x")
@@ -368,6 +389,8 @@ def bench_serve_command(args) -> None:
             threads=args.threads,
             device=args.device,
             workload=args.workload,
+            dtype=args.dtype,
+            tensor_parallel_size=args.tensor_parallel_size,
         )
     except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"wedlm-hf bench-serve: {exc}") from None

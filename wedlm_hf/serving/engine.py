@@ -25,6 +25,7 @@ from .log_probabilities import TokenTexts, token_log_probabilities
 from .openai_schema import APIError, ParsedRequest, invalid, wedlm_options
 from .sampling import choice_sampler
 from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, Choice, Scheduler, serving_limits
+from .tensor_parallel import mirrored_prompt_logits
 from .tool_calls import TOOL_FORMATS, tool_grammar
 
 DEFAULT_MODEL_ID = "wedlm-hf-default"
@@ -44,9 +45,11 @@ class ServingEngine:
         compile_config=None,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
         tool_call_parser: str = "hermes",
+        ranks=None,
         **kwargs,
     ):
         self.limits = serving_limits(limits, **kwargs)
+        self.ranks = ranks  # a `tensor_parallel.RankChannel` when the model is split over several ranks
         if tool_call_parser not in TOOL_FORMATS:
             raise ValueError(f"--tool-call-parser {tool_call_parser!r}: give one of {', '.join(TOOL_FORMATS)}.")
         self.tool_format = TOOL_FORMATS[tool_call_parser]  # how the model writes its tool calls
@@ -90,6 +93,7 @@ class ServingEngine:
             self.limits,
             compile_config=compile_config,
             prefix_cache_tokens=prefix_cache_tokens,
+            ranks=ranks,
         )
 
     @classmethod
@@ -108,9 +112,8 @@ class ServingEngine:
         looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1  # a Hub id is NAME or ORG/NAME
         if looks_local and not os.path.isdir(os.path.expanduser(path)):
             raise FileNotFoundError(f"--model {path}: no such folder (give a checkpoint folder or a Hub id ORG/NAME)")
-        device = serving_device(device)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype(dtype, device, path)).to(device)
+        loaded = load_model(path, device, dtype, split=kwargs.get("ranks") is not None)
         return cls(loaded, tokenizer, served_model_name or default_model_name(model), **kwargs)
 
     # ---- prompts ------------------------------------------------------------------------------------------
@@ -207,12 +210,8 @@ class ServingEngine:
         """(token, log-probability, top alternatives) of each prompt token given the tokens before it (the first
         has none: None, None), from one uncached forward; the vocabulary-wide logits exist for `rows_per_chunk`
         positions at a time. Log-probabilities as `log_probabilities` reports them."""
-        ids = torch.tensor([prompt], device=self.model.device)
-        hidden = self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]
-        head = self.model.get_output_embeddings()
         entries = [(prompt[0], None, None)]
-        for start in range(0, len(hidden), rows_per_chunk):
-            logits = head(hidden[start : start + rows_per_chunk])
+        for start, logits in mirrored_prompt_logits(self.model, self.ranks, prompt, rows_per_chunk):
             tokens = prompt[start + 1 : start + 1 + len(logits)]
             entries += token_log_probabilities(logits, tokens, self.scheduler.mask_token_id, top)
         return entries
@@ -345,6 +344,19 @@ class ServingEngine:
         for observe in self.grammar_observers:
             observe(seconds)
         return grammar
+
+
+def load_model(path: str, device: str | None, dtype: str = "auto", split: bool = False):
+    """The checkpoint at `path` on `device` in `dtype` (`--dtype`); `split`: this process is one rank of several
+    (`tensor_parallel`), which loads its slice of every layer with transformers' `tp_plan="auto"`, on its device."""
+    if not split:
+        device = serving_device(device)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype(dtype, device, path)).to(device)
+    from transformers.distributed import DistributedConfig
+
+    device = serving_device(device)
+    plan = DistributedConfig(tp_plan="auto")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype(dtype, device, path), distributed_config=plan)
 
 
 def serving_device(device: str | None) -> torch.device:

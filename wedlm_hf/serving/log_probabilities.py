@@ -9,6 +9,16 @@ alternatives names the same few thousand ids hundreds of thousands of times.
 import torch
 
 
+def prompt_logits(model, prompt: list[int], rows: int):
+    """Yields (start, logits) over a prompt's positions, each of `rows` positions predicting the token after it, from
+    one uncached forward: the vocabulary-wide logits exist for `rows` positions at a time."""
+    ids = torch.tensor([prompt], device=model.device)
+    hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]
+    head = model.get_output_embeddings()
+    for start in range(0, len(hidden), rows):
+        yield start, head(hidden[start : start + rows])
+
+
 def token_log_probabilities(logits: torch.Tensor, tokens: list[int], mask_token_id: int, top: int) -> list:
     """Per row of `logits` (positions x vocabulary, each predicting the token at its place in `tokens`):
     (token, its log-probability, [(id, log-probability)] of the `top` most likely tokens)."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..modeling.decoding_state import DecodingRow, DecodingSettings
+from ..modeling.ragged_cache import RaggedCache
 from ..modeling.slot_cache import SlotCache, static_decoding_refusal
 from ..modeling.streaming_decoder import StreamingDecoder
 from .contained_grammar import ContainedGrammar
@@ -33,6 +34,7 @@ from .incremental_text import IncrementalText
 from .limits import ServingLimits
 from .log_probabilities import token_log_probabilities
 from .prefix_cache import PrefixCache
+from .tensor_parallel import MirroredCache
 
 DEFAULT_PREFIX_CACHE_TOKENS = 16384  # `--prefix-cache-tokens`: prompt and answer tokens whose K/V are kept
 
@@ -157,8 +159,15 @@ class Scheduler:
         limits: ServingLimits | None = None,
         compile_config=None,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        ranks=None,
         **kwargs,
     ):
+        if ranks is not None and (prefix_cache_tokens or compile_config is not None):
+            raise ValueError(
+                "Under tensor parallelism the prefix cache and compiled decoding are not available yet: serve with "
+                "--prefix-cache-tokens 0 and without --compile."
+            )
+        self.ranks = ranks  # `tensor_parallel.RankChannel`: every cache call also runs on the other ranks
         self.limits = serving_limits(limits, **kwargs)
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.model = model
@@ -265,6 +274,8 @@ class Scheduler:
         cache = None
         if self.compiled is not None:  # a decoder's rows own its slots: a new decoder gets fresh ones
             cache = SlotCache(self.model, self.max_batch_size, self.slot_length, compiled=self.compiled)
+        if self.ranks is not None:
+            cache = MirroredCache(RaggedCache(self.model, 0, max_dead=16), self.ranks)
         return StreamingDecoder(
             self.model,
             self.mask_token_id,

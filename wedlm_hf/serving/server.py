@@ -17,12 +17,14 @@ import socket
 import torch
 import uvicorn
 
+from ..data import default_model_path
 from .access import default_allowed_hosts
 from .app import create_app
 from .connections import DEFAULT_READ_TIMEOUT, ConnectionGuard, quiet_repeated_lines, raise_open_file_limit
-from .engine import ServingEngine, compile_config_for, serving_device
+from .engine import ServingEngine, compile_config_for, load_model, serving_device
 from .limits import ServingLimits
-from .scheduler import serving_limits
+from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, serving_limits
+from .tensor_parallel import RankChannel, follow, init_ranks, launch, launched_world
 
 API_KEY_ENV = "WEDLM_HF_API_KEY"
 
@@ -80,6 +82,8 @@ class ServingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.engine.scheduler.begin_shutdown(self.shutdown_timeout)
         await super().shutdown(sockets=sockets)
+        if self.engine.ranks is not None:  # the loop has stopped: the other ranks may stop following
+            self.engine.ranks.close()
 
 
 def limits_from_args(args) -> ServingLimits:
@@ -89,21 +93,50 @@ def limits_from_args(args) -> ServingLimits:
 
 
 def serve_command(args) -> None:
-    """`wedlm-hf serve`."""
+    """`wedlm-hf serve`; with `--tensor-parallel-size N`, N ranks (`tensor_parallel`) of which rank 0 serves."""
     if args.shutdown_timeout < 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}.")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.prefix_cache_per_key and not api_key:
         raise SystemExit("--prefix-cache-per-key keeps API keys apart: give the keys with --api-key KEY [KEY ...].")
+    split = args.tensor_parallel_size > 1
+    prefix_cache_tokens = args.prefix_cache_tokens
+    if split and (prefix_cache_tokens or args.compile):
+        raise SystemExit(
+            "--tensor-parallel-size: the prefix cache and --compile are not available under tensor parallelism "
+            "yet; leave out --prefix-cache-tokens and --compile."
+        )
+    if prefix_cache_tokens is None:
+        prefix_cache_tokens = 0 if split else DEFAULT_PREFIX_CACHE_TOKENS
+    world = launched_world()
+    if split and world is None:  # start the ranks, each running this same command
+        raise SystemExit(launch(args.tensor_parallel_size, args.argv))
+    if world is not None and world != args.tensor_parallel_size:
+        raise SystemExit(
+            f"--tensor-parallel-size {args.tensor_parallel_size}, but torchrun started {world} ranks: give the same "
+            "number to both."
+        )
     raise_open_file_limit()
     try:
         limits = limits_from_args(args)
         ConnectionGuard(args.max_connections, args.request_read_timeout)  # checked before the model loads
-        device = serving_device(args.device)
+        device = init_ranks(args.device) if split else serving_device(args.device)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    ranks = RankChannel() if split else None
+    if ranks is not None and ranks.rank != 0:  # the other ranks run rank 0's forwards on their slices
+        follow(load_model(args.model or default_model_path(), str(device), args.dtype, split=True), ranks)
+        return
+    try:
+        _serve(args, api_key, limits, device, prefix_cache_tokens, ranks)
+    finally:
+        if ranks is not None:
+            ranks.close()
+
+
+def _serve(args, api_key, limits, device, prefix_cache_tokens: int, ranks) -> None:
     try:
         engine = ServingEngine.load(
             args.model,
@@ -113,12 +146,14 @@ def serve_command(args) -> None:
             tool_call_parser=args.tool_call_parser,
             limits=limits,
             compile_config=compile_config_for(device) if args.compile else None,
-            prefix_cache_tokens=args.prefix_cache_tokens,
+            prefix_cache_tokens=prefix_cache_tokens,
+            ranks=ranks,
         )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
     compiled = "; compiled decoding (the first requests wait for compilation)" if engine.scheduler.compiled else ""
+    split = f"; tensor parallel over {ranks.size} ranks" if ranks is not None else ""
 
     def announce(url: str) -> None:
         print(
@@ -126,6 +161,7 @@ def serve_command(args) -> None:
             "max batch size "
             f"{limits.max_batch_size}, max queue {limits.max_queue} rows"
             + compiled
+            + split
             + ("; API key required" if api_key else ""),
             flush=True,
         )

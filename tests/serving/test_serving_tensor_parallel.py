@@ -1,0 +1,184 @@
+"""`wedlm-hf serve --tensor-parallel-size 2`: two gloo ranks on this CPU, each holding half of every layer, answer
+what one process answers; a rank that dies ends the server within seconds; SIGTERM drains on every rank.
+
+The real command runs in a subprocess (it starts its ranks with torchrun's launcher); the single-process server it is
+compared with runs here, on the same shipped model, with its prefix cache off as under tensor parallelism."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+from live_server import LiveServer, engine
+
+from wedlm_hf.serving.bench_serve import free_port
+
+PROMPTS = ["def fib(n):", "import os\nimport", "The quick brown fox"]
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "maximum": 120}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+REQUESTS = [
+    ("completions", {"prompt": PROMPTS, "max_tokens": 24}),
+    ("completions", {"prompt": PROMPTS[0], "max_tokens": 24, "wedlm_lossless": True}),
+    ("completions", {"prompt": PROMPTS[1], "max_tokens": 24, "temperature": 1.0, "seed": 7, "n": 2}),
+    ("completions", {"prompt": PROMPTS[2], "max_tokens": 24, "temperature": 0.8, "seed": 3, "stream": True}),
+    ("completions", {"prompt": PROMPTS[0], "max_tokens": 8, "logprobs": 3, "echo": True}),
+    (
+        "chat/completions",
+        {
+            "messages": [{"role": "user", "content": "A person as JSON."}],
+            "max_tokens": 60,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
+        },
+    ),
+]
+
+
+class RankedServer:
+    """The real `wedlm-hf serve --tensor-parallel-size 2` in a subprocess, its output in `log`."""
+
+    def __init__(self, tmp_path, *extra: str):
+        self.port = free_port()
+        self.log_path = tmp_path / f"serve-{self.port}.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        command = [sys.executable, "-m", "wedlm_hf.cli", "serve", "--port", str(self.port)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        self.process = subprocess.Popen(
+            [*command, "--tensor-parallel-size", "2", *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 180
+        while True:
+            assert self.process.poll() is None and time.monotonic() < deadline, self.output()
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def ranks(self) -> list[psutil.Process]:
+        return [p for p in psutil.Process(self.process.pid).children() if "wedlm_hf.cli" in " ".join(p.cmdline())]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            for rank in self.ranks():
+                rank.kill()
+            self.process.kill()
+        self.process.wait(30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def ranked(tmp_path_factory):
+    server = RankedServer(tmp_path_factory.mktemp("tp"))
+    yield server
+    server.stop()
+
+
+def answer(url: str, path: str, body: dict):
+    """The response's choices (texts, finish reasons, log-probabilities) or, streamed, the joined texts."""
+    if not body.get("stream"):
+        response = httpx.post(f"{url}/v1/{path}", json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"]
+    texts = {}
+    with httpx.stream("POST", f"{url}/v1/{path}", json=body, timeout=300) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:])["choices"]:
+                    texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    return texts
+
+
+def without_logprobs(choices):
+    if isinstance(choices, dict):
+        return choices
+    return [{k: v for k, v in c.items() if k != "logprobs"} for c in choices]
+
+
+def test_two_ranks_answer_what_one_process_answers(ranked):
+    health = httpx.get(f"{ranked.url}/health", timeout=10).json()
+    assert health["tensor_parallel_size"] == 2 and health["prefix_cache"]["enabled"] is False
+    with LiveServer(engine(prefix_cache_tokens=0)) as single:
+        for path, body in REQUESTS:
+            split, whole = answer(ranked.url, path, body), answer(single.url, path, body)
+            assert without_logprobs(split) == without_logprobs(whole), body
+            if body.get("logprobs"):
+                a, b = split[0]["logprobs"], whole[0]["logprobs"]
+                assert a["tokens"] == b["tokens"]
+                assert a["token_logprobs"][0] is None and b["token_logprobs"][0] is None
+                assert a["token_logprobs"][1:] == pytest.approx(b["token_logprobs"][1:], abs=1e-4)
+    person = json.loads(split[0]["message"]["content"])  # the last request: response_format held on two ranks
+    assert set(person) == {"name", "age"}
+    assert "Traceback" not in ranked.output()
+
+
+def test_tensor_parallel_refuses_the_prefix_cache_and_compile(tmp_path):
+    for extra in (["--prefix-cache-tokens", "64"], ["--compile"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "wedlm_hf.cli", "serve", "--tensor-parallel-size", "2", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1
+        assert "--tensor-parallel-size" in done.stderr and "not available under tensor parallelism" in done.stderr
+
+
+def stream_long(url: str, out: dict, started: threading.Event) -> None:
+    body = {"prompt": "def main():", "max_tokens": 900, "wedlm_window_size": 1, "stream": True}
+    events = []
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    started.set()
+    except httpx.HTTPError as exc:
+        out["error"] = exc
+    out["events"] = events
+    started.set()
+
+
+@pytest.mark.parametrize("end", ["rank 1 killed", "SIGTERM"])
+def test_a_dead_rank_or_sigterm_ends_every_rank(end, tmp_path):
+    server = RankedServer(tmp_path, "--shutdown-timeout", "1")
+    try:
+        ranks = server.ranks()
+        assert len(ranks) == 2
+        out, started = {}, threading.Event()
+        reader = threading.Thread(target=stream_long, args=(server.url, out, started))
+        reader.start()
+        assert started.wait(60)
+        if end == "SIGTERM":
+            server.process.send_signal(signal.SIGTERM)
+        else:
+            worker = next(r for r in ranks if "--port" in r.cmdline() and r.environ().get("RANK") == "1")
+            worker.kill()
+        server.process.wait(30)  # raises TimeoutExpired if any rank hangs
+        reader.join(30)
+        assert not any(rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE for rank in ranks)
+    finally:
+        server.stop()
+    output = server.output()
+    events = out["events"]
+    assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
+    if end == "SIGTERM":
+        assert "shut down" in json.loads(events[-2])["error"]["message"]
+        assert "Traceback" not in output, output
+        assert server.process.returncode == 128 + signal.SIGTERM
+    else:
+        assert "rank 1 of 2 ended with exit code -9; the server stopped" in output
+        assert server.process.returncode == 1

@@ -1,0 +1,1 @@
+../modeling/rank_random_state.py
