@@ -18,6 +18,8 @@ import sys
 
 DEBUG_ENV = "WEDLM_HF_DEBUG"
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # wedlm_hf.data.DTYPES (this module imports no wing)
+# wedlm_hf.data.QUANTIZATIONS
+QUANTIZATIONS = ("torchao-int8", "torchao-int4", "bitsandbytes-8bit", "bitsandbytes-4bit")
 DTYPE_HELP = "weights and activations; auto: the checkpoint's half precision on a GPU, float32 on a CPU"
 
 # Each sub-command's work lives in its wing; the module is imported only when its command runs.
@@ -500,6 +502,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     srv.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
+    srv.add_argument(
+        "--quantization",
+        default=None,
+        choices=QUANTIZATIONS,
+        help="quantize the weights as they load: torchao-int8 (CPU and GPU, needs torchao), torchao-int4, "
+        "bitsandbytes-8bit, bitsandbytes-4bit (CUDA GPUs); a checkpoint saved quantized loads as saved without it",
+    )
     srv.add_argument(
         "--tool-call-parser",
         default="hermes",

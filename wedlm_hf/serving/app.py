@@ -100,6 +100,7 @@ def create_app(
             "status": status,
             "model": engine.model_id,
             "dtype": engine.dtype,
+            "quantization": engine.quantization,
             "tensor_parallel_size": 1 if engine.ranks is None else engine.ranks.size,
             "compiled": scheduler.compiled is not None,  # `--compile`: decoding steps run compiled on fixed slots
             **engine.limits.to_dict(),

@@ -13,9 +13,9 @@ import os
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, CompileConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, CompileConfig
 
-from ..data import default_model_path, load_dtype
+from ..data import default_model_path, load_dtype, quantization_config, quantization_name
 from ..modeling import WeDLMDecodingConfig
 from ..modeling.decoding_state import DecodingSettings
 from ..structured import compile_grammar
@@ -71,6 +71,7 @@ class ServingEngine:
         self.context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self.vocab_size = model.config.get_text_config().vocab_size
         self.dtype = str(model.dtype).removeprefix("torch.")  # reported by /health and /v1/models
+        self.quantization = quantization_name(model.config)  # how its weights are quantized (None: not at all)
         generation = model.generation_config
         self.stop_ids = frozenset(_ids(generation.eos_token_id) or _ids(model.config.eos_token_id))
         if not self.stop_ids and tokenizer.eos_token_id is not None:
@@ -103,6 +104,7 @@ class ServingEngine:
         device: str | None = None,
         served_model_name: str | None = None,
         dtype: str = "auto",
+        quantization: str | None = None,
         **kwargs,
     ) -> "ServingEngine":
         """Loads a WeDLM checkpoint (folder or Hub id; the shipped model by default) in `dtype` (`--dtype`: auto is
@@ -113,7 +115,7 @@ class ServingEngine:
         if looks_local and not os.path.isdir(os.path.expanduser(path)):
             raise FileNotFoundError(f"--model {path}: no such folder (give a checkpoint folder or a Hub id ORG/NAME)")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        loaded = load_model(path, device, dtype, split=kwargs.get("ranks") is not None)
+        loaded = load_model(path, device, dtype, split=kwargs.get("ranks") is not None, quantization=quantization)
         return cls(loaded, tokenizer, served_model_name or default_model_name(model), **kwargs)
 
     # ---- prompts ------------------------------------------------------------------------------------------
@@ -346,17 +348,28 @@ class ServingEngine:
         return grammar
 
 
-def load_model(path: str, device: str | None, dtype: str = "auto", split: bool = False):
-    """The checkpoint at `path` on `device` in `dtype` (`--dtype`); `split`: this process is one rank of several
+def load_model(
+    path: str, device: str | None, dtype: str = "auto", split: bool = False, quantization: str | None = None
+):
+    """The checkpoint at `path` on `device` in `dtype` (`--dtype`), its weights quantized as `quantization` says
+    (`--quantization`; a checkpoint saved quantized loads as saved); `split`: this process is one rank of several
     (`tensor_parallel`), which loads its slice of every layer with transformers' `tp_plan="auto"`, on its device."""
-    if not split:
-        device = serving_device(device)
-        return AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype(dtype, device, path)).to(device)
-    from transformers.distributed import DistributedConfig
-
     device = serving_device(device)
-    plan = DistributedConfig(tp_plan="auto")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype(dtype, device, path), distributed_config=plan)
+    dtype = load_dtype(dtype, device, path)
+    if split:
+        from transformers.distributed import DistributedConfig
+
+        if quantization is not None:
+            raise ValueError("--quantization is not available under --tensor-parallel-size yet: give one of them.")
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, distributed_config=DistributedConfig(tp_plan="auto")
+        )
+    quantize = quantization_config(quantization, device, path)
+    if quantize is None and quantization_name(AutoConfig.from_pretrained(path)) is None:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    # quantized weights are placed as they load (bitsandbytes' cannot be moved afterwards)
+    given = {} if quantize is None else {"quantization_config": quantize}  # None would drop the saved one
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map={"": device}, **given)
 
 
 def serving_device(device: str | None) -> torch.device:

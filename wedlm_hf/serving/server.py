@@ -127,7 +127,8 @@ def serve_command(args) -> None:
         torch.set_num_threads(args.threads)
     ranks = RankChannel() if split else None
     if ranks is not None and ranks.rank != 0:  # the other ranks run rank 0's forwards on their slices
-        follow(load_model(args.model or default_model_path(), str(device), args.dtype, split=True), ranks)
+        model = load_model(args.model or default_model_path(), str(device), args.dtype, True, args.quantization)
+        follow(model, ranks)
         return
     try:
         _serve(args, api_key, limits, device, prefix_cache_tokens, ranks)
@@ -143,6 +144,7 @@ def _serve(args, api_key, limits, device, prefix_cache_tokens: int, ranks) -> No
             device=str(device),
             served_model_name=args.served_model_name,
             dtype=args.dtype,
+            quantization=args.quantization,
             tool_call_parser=args.tool_call_parser,
             limits=limits,
             compile_config=compile_config_for(device) if args.compile else None,
@@ -154,10 +156,12 @@ def _serve(args, api_key, limits, device, prefix_cache_tokens: int, ranks) -> No
 
     compiled = "; compiled decoding (the first requests wait for compilation)" if engine.scheduler.compiled else ""
     split = f"; tensor parallel over {ranks.size} ranks" if ranks is not None else ""
+    quantized = f" ({engine.quantization} weights)" if engine.quantization else ""
 
     def announce(url: str) -> None:
         print(
-            f"serving {engine.model_id} on {url} (playground: /, API: /v1, health: /health); {engine.dtype}; "
+            f"serving {engine.model_id} on {url} (playground: /, API: /v1, health: /health); {engine.dtype}"
+            f"{quantized}; "
             "max batch size "
             f"{limits.max_batch_size}, max queue {limits.max_queue} rows"
             + compiled
