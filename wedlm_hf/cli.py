@@ -13,6 +13,7 @@ tests, raises as usual.
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 
@@ -525,10 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--prefix-cache-tokens",
         type=non_negative_int,
-        default=None,
+        default=16384,
         help="tokens of prompts and answers whose K/V are kept across requests (blocks of 16, least recently used "
-        "dropped first); a prompt that starts like an earlier one prefills only the rest; 0: off (default: 16384, "
-        "off under --tensor-parallel-size)",
+        "dropped first); a prompt that starts like an earlier one prefills only the rest; 0: off",
     )
     srv.add_argument(
         "--tensor-parallel-size",
@@ -593,7 +593,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Loggers whose import-time warnings say nothing to a wedlm-hf user: transformers imports torchao whenever it is
+# installed (the quantization extra), and torchao then reports each CUDA kernel library it cannot load on this
+# machine and a torch deprecation of its own. Errors still show.
+IMPORT_NOISE = ("torchao", "torch.utils._pytree")
+
+
 def _run(command: str, args) -> None:
+    for name in IMPORT_NOISE:
+        logging.getLogger(name).setLevel(logging.ERROR)
     module, function = COMMANDS[command].split(":")
     getattr(importlib.import_module(f"{__package__}.{module}"), function)(args)
 

@@ -2,7 +2,8 @@
 what one process answers; a rank that dies ends the server within seconds; SIGTERM drains on every rank.
 
 The real command runs in a subprocess (it starts its ranks with torchrun's launcher); the single-process server it is
-compared with runs here, on the same shipped model, with its prefix cache off as under tensor parallelism."""
+compared with runs here, on the same shipped model. The prefix cache is on in both: under tensor parallelism rank 0
+holds it with whole heads, gathered from the ranks and scattered back to them."""
 
 import json
 import os
@@ -20,6 +21,7 @@ from live_server import LiveServer, engine
 from wedlm_hf.serving.bench_serve import free_port
 
 PROMPTS = ["def fib(n):", "import os\nimport", "The quick brown fox"]
+LONG = "copy: apple river stone cloud tiger lamp orange seven piano forest candle mirror silver rocket garden =>"
 SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "maximum": 120}},
@@ -32,6 +34,8 @@ REQUESTS = [
     ("completions", {"prompt": PROMPTS[1], "max_tokens": 24, "temperature": 1.0, "seed": 7, "n": 2}),
     ("completions", {"prompt": PROMPTS[2], "max_tokens": 24, "temperature": 0.8, "seed": 3, "stream": True}),
     ("completions", {"prompt": PROMPTS[0], "max_tokens": 8, "logprobs": 3, "echo": True}),
+    ("completions", {"prompt": LONG, "max_tokens": 16}),  # stored in the prefix cache, gathered on rank 0
+    ("completions", {"prompt": LONG + " lamp", "max_tokens": 16}),  # its blocks reused: scattered to the ranks
     (
         "chat/completions",
         {
@@ -110,8 +114,8 @@ def without_logprobs(choices):
 
 def test_two_ranks_answer_what_one_process_answers(ranked):
     health = httpx.get(f"{ranked.url}/health", timeout=10).json()
-    assert health["tensor_parallel_size"] == 2 and health["prefix_cache"]["enabled"] is False
-    with LiveServer(engine(prefix_cache_tokens=0)) as single:
+    assert health["tensor_parallel_size"] == 2 and health["prefix_cache"]["enabled"]
+    with LiveServer(engine()) as single:
         for path, body in REQUESTS:
             split, whole = answer(ranked.url, path, body), answer(single.url, path, body)
             assert without_logprobs(split) == without_logprobs(whole), body
@@ -120,13 +124,15 @@ def test_two_ranks_answer_what_one_process_answers(ranked):
                 assert a["tokens"] == b["tokens"]
                 assert a["token_logprobs"][0] is None and b["token_logprobs"][0] is None
                 assert a["token_logprobs"][1:] == pytest.approx(b["token_logprobs"][1:], abs=1e-4)
+    reused = httpx.get(f"{ranked.url}/health", timeout=10).json()["prefix_cache"]
+    assert reused["hits"] >= 1 and reused["cached_tokens"] >= 16  # the long prompt's blocks came back from rank 0
     person = json.loads(split[0]["message"]["content"])  # the last request: response_format held on two ranks
     assert set(person) == {"name", "age"}
     assert "Traceback" not in ranked.output()
 
 
-def test_tensor_parallel_refuses_the_prefix_cache_and_compile(tmp_path):
-    for extra in (["--prefix-cache-tokens", "64"], ["--compile"]):
+def test_tensor_parallel_refuses_compile_and_quantization(tmp_path):
+    for extra in (["--compile"], ["--quantization", "torchao-int8"]):
         done = subprocess.run(
             [sys.executable, "-m", "wedlm_hf.cli", "serve", "--tensor-parallel-size", "2", *extra],
             capture_output=True,
@@ -134,7 +140,7 @@ def test_tensor_parallel_refuses_the_prefix_cache_and_compile(tmp_path):
             timeout=120,
         )
         assert done.returncode == 1
-        assert "--tensor-parallel-size" in done.stderr and "not available under tensor parallelism" in done.stderr
+        assert f"--tensor-parallel-size: {extra[0]} is not available under tensor parallelism" in done.stderr
 
 
 def stream_long(url: str, out: dict, started: threading.Event) -> None:

@@ -9,8 +9,7 @@ measured at every concurrency level (each client sends `--requests` greedy /v1/c
 other, streamed), and stopped before the next starts. Reported: requests/s and output tokens/s over the level's
 wall time, time to first token and request latency (p50 / p95).
 
-`wedlm-tp` is `wedlm` split over `--tensor-parallel-size` ranks (with its prefix cache off, as tensor parallelism
-has it); `--dtype` is every server's.
+`wedlm-tp` is `wedlm` split over `--tensor-parallel-size` ranks; `--dtype` is every server's.
 
 `--workload shared-prefix` sends prompts that share a ~600-token start (a system prompt, a few-shot block) and end
 in a short question each, to `wedlm` against `wedlm-nocache` (the same server with `--prefix-cache-tokens 0`).
@@ -34,7 +33,7 @@ SERVERS = {
     "wedlm": "wedlm-hf serve",
     "wedlm-b1": "wedlm-hf serve --max-batch-size 1",
     "wedlm-nocache": "wedlm-hf serve --prefix-cache-tokens 0",
-    "wedlm-tp": "wedlm-hf serve --tensor-parallel-size N (its prefix cache off)",
+    "wedlm-tp": "wedlm-hf serve --tensor-parallel-size N",
     "tf": "transformers serve (AR)",
     "tf-cb": "transformers serve --continuous-batching (AR)",
 }

@@ -162,10 +162,9 @@ class Scheduler:
         ranks=None,
         **kwargs,
     ):
-        if ranks is not None and (prefix_cache_tokens or compile_config is not None):
+        if ranks is not None and compile_config is not None:
             raise ValueError(
-                "Under tensor parallelism the prefix cache and compiled decoding are not available yet: serve with "
-                "--prefix-cache-tokens 0 and without --compile."
+                "Compiled decoding is not available under tensor parallelism yet: serve without --compile."
             )
         self.ranks = ranks  # `tensor_parallel.RankChannel`: every cache call also runs on the other ranks
         self.limits = serving_limits(limits, **kwargs)

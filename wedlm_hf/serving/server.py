@@ -23,7 +23,7 @@ from .app import create_app
 from .connections import DEFAULT_READ_TIMEOUT, ConnectionGuard, quiet_repeated_lines, raise_open_file_limit
 from .engine import ServingEngine, compile_config_for, load_model, serving_device
 from .limits import ServingLimits
-from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, serving_limits
+from .scheduler import serving_limits
 from .tensor_parallel import RankChannel, follow, init_ranks, launch, launched_world
 
 API_KEY_ENV = "WEDLM_HF_API_KEY"
@@ -100,14 +100,11 @@ def serve_command(args) -> None:
     if args.prefix_cache_per_key and not api_key:
         raise SystemExit("--prefix-cache-per-key keeps API keys apart: give the keys with --api-key KEY [KEY ...].")
     split = args.tensor_parallel_size > 1
-    prefix_cache_tokens = args.prefix_cache_tokens
-    if split and (prefix_cache_tokens or args.compile):
+    if split and (args.compile or args.quantization):
+        given = "--compile" if args.compile else "--quantization"
         raise SystemExit(
-            "--tensor-parallel-size: the prefix cache and --compile are not available under tensor parallelism "
-            "yet; leave out --prefix-cache-tokens and --compile."
+            f"--tensor-parallel-size: {given} is not available under tensor parallelism yet; leave it out."
         )
-    if prefix_cache_tokens is None:
-        prefix_cache_tokens = 0 if split else DEFAULT_PREFIX_CACHE_TOKENS
     world = launched_world()
     if split and world is None:  # start the ranks, each running this same command
         raise SystemExit(launch(args.tensor_parallel_size, args.argv))
@@ -131,13 +128,13 @@ def serve_command(args) -> None:
         follow(model, ranks)
         return
     try:
-        _serve(args, api_key, limits, device, prefix_cache_tokens, ranks)
+        _serve(args, api_key, limits, device, ranks)
     finally:
         if ranks is not None:
             ranks.close()
 
 
-def _serve(args, api_key, limits, device, prefix_cache_tokens: int, ranks) -> None:
+def _serve(args, api_key, limits, device, ranks) -> None:
     try:
         engine = ServingEngine.load(
             args.model,
@@ -148,7 +145,7 @@ def _serve(args, api_key, limits, device, prefix_cache_tokens: int, ranks) -> No
             tool_call_parser=args.tool_call_parser,
             limits=limits,
             compile_config=compile_config_for(device) if args.compile else None,
-            prefix_cache_tokens=prefix_cache_tokens,
+            prefix_cache_tokens=args.prefix_cache_tokens,
             ranks=ranks,
         )
     except ValueError as exc:

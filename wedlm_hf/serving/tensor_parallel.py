@@ -7,7 +7,9 @@ through `DecodingCache`, whose calls carry host data or tensors the decoder buil
 `MirroredCache` sends each call to the other ranks, which apply it to their own cache (their slice of the heads)
 and run the same forwards. Calls without a collective (rows joining and leaving, columns kept) are queued and go
 with the next forward, so a step costs one broadcast (vLLM's driver worker sends its plan the same way). Logits come
-out whole on every rank (the plan gathers the head's output); only rank 0's are read.
+out whole on every rank (the plan gathers the head's output); only rank 0's are read. The prefix cache lives on
+rank 0 with whole heads: a row's K/V is gathered there when it is stored, and each rank's heads are scattered back
+when a prompt reuses it.
 
 `wedlm-hf serve --tensor-parallel-size N` starts N ranks on this machine with torchrun's launcher (gloo on CPUs,
 NCCL on GPUs); on several machines each runs `torchrun ... -m wedlm_hf.cli serve --tensor-parallel-size N`. A
@@ -174,10 +176,25 @@ class MirroredCache:
         return self._queued("compact_if_needed")
 
     def load_prefixes(self, prefixes):
-        raise NotImplementedError("The prefix cache is off under tensor parallelism.")
+        """Each rank loads its heads of the whole-head K/V rank 0's prefix cache holds (see `row_kv`)."""
+        with self._channel.lock:
+            shapes = {b: _stacked(kv).shape for b, kv in prefixes.items()}
+            self._channel.send("load_prefixes", shapes)
+            try:
+                mine = {b: _scatter_heads(_stacked(kv), shapes[b], self._channel) for b, kv in prefixes.items()}
+            except Exception as exc:
+                raise self._channel.fail(exc) from exc
+            return self._cache.load_prefixes(mine)
 
     def row_kv(self, row):
-        raise NotImplementedError("The prefix cache is off under tensor parallelism.")
+        """A row's K/V with every rank's heads, gathered on rank 0: its prefix cache holds whole heads, as one
+        process's does, and `load_prefixes` hands each rank its share back."""
+        with self._channel.lock:
+            self._channel.send("row_kv", row)
+            try:
+                return _gather_heads(self._cache.row_kv(row), self._channel)
+            except Exception as exc:
+                raise self._channel.fail(exc) from exc
 
     def forward(self, *args):
         with self._channel.lock:
@@ -225,11 +242,46 @@ def follow(model, channel: RankChannel) -> None:
                     setattr(cache, *args)
                 elif kind == "call":
                     getattr(cache, args[0])(*args[1:])
+                elif kind == "row_kv":
+                    _gather_heads(cache.row_kv(*args), channel)
+                elif kind == "load_prefixes":
+                    (shapes,) = args
+                    cache.load_prefixes({b: _scatter_heads(None, shape, channel, model) for b, shape in shapes.items()})
                 elif kind == "prompt_logits":
                     for _ in prompt_logits(model, *args):
                         pass
                 else:
                     raise RuntimeError(f"rank {channel.rank}: unknown call {kind!r} from rank 0")
+
+
+def _stacked(kv: list) -> torch.Tensor:
+    """Per-layer (K, V), each (heads, tokens, dim), as one (layers, 2, heads, tokens, dim) tensor."""
+    return torch.stack([torch.stack([k, v]) for k, v in kv])
+
+
+def _gather_heads(kv: list, channel: RankChannel) -> list | None:
+    """Every rank's heads of a row's K/V, in rank order, on rank 0 (None elsewhere)."""
+    mine = _stacked(kv).contiguous()
+    if channel.rank != 0:
+        dist.gather(mine, None, dst=0)
+        return None
+    parts = [torch.empty_like(mine) for _ in range(channel.size)]
+    dist.gather(mine, parts, dst=0)
+    whole = torch.cat(parts, dim=2)
+    return [(layer[0], layer[1]) for layer in whole]
+
+
+def _scatter_heads(whole: torch.Tensor | None, shape, channel: RankChannel, model=None) -> list:
+    """This rank's share (in rank order) of whole-head K/V stacked as `_stacked` stacks them, sent by rank 0."""
+    layers, two, heads, tokens, dim = shape
+    if channel.rank == 0:
+        parts = [part.contiguous() for part in whole.chunk(channel.size, dim=2)]
+        mine = torch.empty_like(parts[0])
+    else:
+        parts = None
+        mine = torch.empty((layers, two, heads // channel.size, tokens, dim), dtype=model.dtype, device=model.device)
+    dist.scatter(mine, parts, src=0)
+    return [(layer[0], layer[1]) for layer in mine]
 
 
 def _to_host(value):
