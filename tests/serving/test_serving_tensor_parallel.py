@@ -158,7 +158,7 @@ def stream_long(url: str, out: dict, started: threading.Event) -> None:
     started.set()
 
 
-@pytest.mark.parametrize("end", ["rank 1 killed", "SIGTERM"])
+@pytest.mark.parametrize("end", ["rank 1 killed", "SIGTERM", "launcher killed"])
 def test_a_dead_rank_or_sigterm_ends_every_rank(end, tmp_path):
     server = RankedServer(tmp_path, "--shutdown-timeout", "1")
     try:
@@ -170,15 +170,21 @@ def test_a_dead_rank_or_sigterm_ends_every_rank(end, tmp_path):
         assert started.wait(60)
         if end == "SIGTERM":
             server.process.send_signal(signal.SIGTERM)
+        elif end == "launcher killed":  # its ranks notice within a second and stop
+            server.process.kill()
         else:
             worker = next(r for r in ranks if "--port" in r.cmdline() and r.environ().get("RANK") == "1")
             worker.kill()
         server.process.wait(30)  # raises TimeoutExpired if any rank hangs
         reader.join(30)
-        assert not any(rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE for rank in ranks)
+        gone, alive = psutil.wait_procs(ranks, timeout=15)
+        assert not alive
     finally:
         server.stop()
     output = server.output()
+    if end == "launcher killed":
+        assert "the launcher is gone; this rank stops" in output
+        return
     events = out["events"]
     assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
     if end == "SIGTERM":

@@ -16,9 +16,11 @@ import torch
 QUANTIZATIONS = ("torchao-int8", "torchao-int4", "bitsandbytes-8bit", "bitsandbytes-4bit")
 
 
-def quantization_config(choice: str | None, device: torch.device | str, path: str | None = None):
+def quantization_config(
+    choice: str | None, device: torch.device | str, path: str | None = None, dtype: torch.dtype = torch.bfloat16
+):
     """The transformers quantization config for `--quantization choice` on `device`, for the checkpoint at `path`
-    (None: nothing to quantize). Raises ValueError where it cannot be done here."""
+    loaded in `dtype` (None: nothing to quantize). Raises ValueError where it cannot be done here."""
     if choice is None:
         return None
     if choice not in QUANTIZATIONS:
@@ -39,6 +41,8 @@ def quantization_config(choice: str | None, device: torch.device | str, path: st
             f"--quantization {choice} runs on CUDA GPUs, not on {device.type}: use torchao-int8 there, or serve on a "
             "GPU."
         )
+    if choice == "torchao-int4" and dtype != torch.bfloat16:
+        raise ValueError(f"--quantization torchao-int4 computes in bfloat16, not {dtype}: add --dtype bfloat16.")
     if library == "torchao":
         from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig
         from transformers import TorchAoConfig
@@ -48,7 +52,7 @@ def quantization_config(choice: str | None, device: torch.device | str, path: st
 
     if choice == "bitsandbytes-8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
 
 
 def saved_quantization(path: str | None) -> str | None:

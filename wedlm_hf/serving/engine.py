@@ -110,10 +110,7 @@ class ServingEngine:
         """Loads a WeDLM checkpoint (folder or Hub id; the shipped model by default) in `dtype` (`--dtype`: auto is
         the checkpoint's half precision on a GPU, float32 on a CPU). Clients name it `served_model_name`; by default
         the folder's own name (never its path), the Hub id, or wedlm-hf-default."""
-        path = model or default_model_path()
-        looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1  # a Hub id is NAME or ORG/NAME
-        if looks_local and not os.path.isdir(os.path.expanduser(path)):
-            raise FileNotFoundError(f"--model {path}: no such folder (give a checkpoint folder or a Hub id ORG/NAME)")
+        path = check_model_folder(model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         loaded = load_model(path, device, dtype, split=kwargs.get("ranks") is not None, quantization=quantization)
         return cls(loaded, tokenizer, served_model_name or default_model_name(model), **kwargs)
@@ -213,9 +210,12 @@ class ServingEngine:
         has none: None, None), from one uncached forward; the vocabulary-wide logits exist for `rows_per_chunk`
         positions at a time. Log-probabilities as `log_probabilities` reports them."""
         entries = [(prompt[0], None, None)]
-        for start, logits in mirrored_prompt_logits(self.model, self.ranks, prompt, rows_per_chunk):
+
+        def take(start: int, logits) -> None:
             tokens = prompt[start + 1 : start + 1 + len(logits)]
-            entries += token_log_probabilities(logits, tokens, self.scheduler.mask_token_id, top)
+            entries.extend(token_log_probabilities(logits, tokens, self.scheduler.mask_token_id, top))
+
+        mirrored_prompt_logits(self.model, self.ranks, prompt, rows_per_chunk, take)
         return entries
 
     def max_tokens(self, request: ParsedRequest, prompts: list[list[int]]) -> int:
@@ -348,6 +348,15 @@ class ServingEngine:
         return grammar
 
 
+def check_model_folder(model: str | None) -> str:
+    """The checkpoint `--model` names (the shipped model when None); a path that is no folder is refused."""
+    path = model or default_model_path()
+    looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1  # a Hub id is NAME or ORG/NAME
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(f"--model {path}: no such folder (give a checkpoint folder or a Hub id ORG/NAME)")
+    return path
+
+
 def load_model(
     path: str, device: str | None, dtype: str = "auto", split: bool = False, quantization: str | None = None
 ):
@@ -359,12 +368,15 @@ def load_model(
     if split:
         from transformers.distributed import DistributedConfig
 
-        if quantization is not None:
-            raise ValueError("--quantization is not available under --tensor-parallel-size yet: give one of them.")
+        if quantization is not None or quantization_name(AutoConfig.from_pretrained(path)) is not None:
+            raise ValueError(
+                "--tensor-parallel-size: quantized weights (--quantization, or a checkpoint saved quantized) are not "
+                "available under tensor parallelism yet; serve this checkpoint on one device."
+            )
         return AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, distributed_config=DistributedConfig(tp_plan="auto")
         )
-    quantize = quantization_config(quantization, device, path)
+    quantize = quantization_config(quantization, device, path, dtype)
     if quantize is None and quantization_name(AutoConfig.from_pretrained(path)) is None:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     # quantized weights are placed as they load (bitsandbytes' cannot be moved afterwards)

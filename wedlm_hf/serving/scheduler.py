@@ -333,6 +333,7 @@ class Scheduler:
         failure = None
         try:
             changed = self.decoder.step()
+            self._store_prompts()  # under tensor parallelism a collective too: its failure fails the batch
         except Exception as exc:  # the whole batch shared this forward: fail its jobs, start a fresh decoder
             failure = f"Decoding failed for the batch this request was in ({type(exc).__name__}: {exc})."
             self.decoder = None
@@ -346,7 +347,6 @@ class Scheduler:
             return
         self.counters["steps"] += 1
         self._fail_broken_grammars()
-        self._store_prompts()
         changed = set(changed)
         for row, (job, choice) in list(self._live.items()):
             if row in changed or (choice.logprobs is None and len(row.generated) + len(row.settled()) > choice.sent):

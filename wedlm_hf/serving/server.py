@@ -21,10 +21,10 @@ from ..data import default_model_path
 from .access import default_allowed_hosts
 from .app import create_app
 from .connections import DEFAULT_READ_TIMEOUT, ConnectionGuard, quiet_repeated_lines, raise_open_file_limit
-from .engine import ServingEngine, compile_config_for, load_model, serving_device
+from .engine import ServingEngine, check_model_folder, compile_config_for, load_model, serving_device
 from .limits import ServingLimits
 from .scheduler import serving_limits
-from .tensor_parallel import RankChannel, follow, init_ranks, launch, launched_world
+from .tensor_parallel import RankChannel, check_devices, follow, init_ranks, launch, launched_world
 
 API_KEY_ENV = "WEDLM_HF_API_KEY"
 
@@ -105,26 +105,35 @@ def serve_command(args) -> None:
         raise SystemExit(
             f"--tensor-parallel-size: {given} is not available under tensor parallelism yet; leave it out."
         )
+    raise_open_file_limit()
+    try:  # all checked before any rank starts or the model loads
+        limits = limits_from_args(args)
+        ConnectionGuard(args.max_connections, args.request_read_timeout)
+        if split:
+            check_devices(args.tensor_parallel_size, args.device)
+            check_model_folder(args.model)
+        device = None if split else serving_device(args.device)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     world = launched_world()
     if split and world is None:  # start the ranks, each running this same command
-        raise SystemExit(launch(args.tensor_parallel_size, args.argv))
+        raise SystemExit(launch(args.tensor_parallel_size, args.argv, args.shutdown_timeout, args.device))
     if world is not None and world != args.tensor_parallel_size:
         raise SystemExit(
             f"--tensor-parallel-size {args.tensor_parallel_size}, but torchrun started {world} ranks: give the same "
             "number to both."
         )
-    raise_open_file_limit()
-    try:
-        limits = limits_from_args(args)
-        ConnectionGuard(args.max_connections, args.request_read_timeout)  # checked before the model loads
-        device = init_ranks(args.device) if split else serving_device(args.device)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    ranks = RankChannel() if split else None
+    ranks = None
+    if split:
+        device = init_ranks(args.device)
+        ranks = RankChannel()
     if ranks is not None and ranks.rank != 0:  # the other ranks run rank 0's forwards on their slices
-        model = load_model(args.model or default_model_path(), str(device), args.dtype, True, args.quantization)
+        try:
+            model = load_model(args.model or default_model_path(), str(device), args.dtype, split=True)
+        except (ValueError, OSError) as exc:
+            raise SystemExit(str(exc)) from None
         follow(model, ranks)
         return
     try:
@@ -156,6 +165,8 @@ def _serve(args, api_key, limits, device, ranks) -> None:
     quantized = f" ({engine.quantization} weights)" if engine.quantization else ""
 
     def announce(url: str) -> None:
+        if ranks is not None:
+            ranks.serving = True  # from now on, losing the ranks stops the server with a signal
         print(
             f"serving {engine.model_id} on {url} (playground: /, API: /v1, health: /health); {engine.dtype}"
             f"{quantized}; "

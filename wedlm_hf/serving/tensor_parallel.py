@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import uuid
 
 import torch
@@ -30,9 +31,11 @@ import torch.distributed as dist
 from ..modeling.ragged_cache import RaggedCache
 from .log_probabilities import prompt_logits
 
-# Seconds a follower waits for rank 0's next message: an idle server sends none, so the wait is long; a rank that
-# dies closes its sockets, which ends a wait at once.
+# How long a follower waits for rank 0's next message: an idle server sends none, so the wait is long. Messages go
+# over gloo (CPU sockets), so an idle follower does not spin on a GPU, and a rank that dies closes its sockets, which
+# ends a wait at once. NCCL's own collectives (the forwards, on GPUs) keep torch's default timeout.
 IDLE_WAIT = datetime.timedelta(days=365)
+PARENT_POLL = 1.0  # seconds between a rank's checks that its launcher is still alive
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
@@ -45,9 +48,11 @@ def launched_world() -> int | None:
     return int(os.environ["WORLD_SIZE"]) if all(name in os.environ for name in RANK_ENV) else None
 
 
-def launch(size: int, argv: list[str]) -> int:
+def launch(size: int, argv: list[str], drain: float, device: str | None = None) -> int:
     """Runs `wedlm-hf <argv>` as `size` ranks on this machine with torchrun's launcher; returns the exit status.
-    A rank that fails stops the others (no restarts), and the failure is one line, not the launcher's report."""
+    A rank that fails stops the others (no restarts), and the failure is one line, not the launcher's report.
+    `drain`: the seconds the ranks may take to stop after a signal before the launcher kills them. On `device`
+    cpu the ranks see no GPU (transformers would place a split model on one)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -61,8 +66,11 @@ def launch(size: int, argv: list[str]) -> int:
         rdzv_endpoint="localhost:0",  # torchrun --standalone: a free port on this machine
         max_restarts=0,
         monitor_interval=0.5,
+        shutdown_timeout=int(drain) + 60,  # --shutdown-timeout, uvicorn's own 5 s, the loop's stop
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // size)))
+    if device is not None and torch.device(device).type == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         elastic_launch(config, sys.executable)("-m", "wedlm_hf.cli", *argv)
     except ChildFailedError as failed:
@@ -82,15 +90,40 @@ def launch(size: int, argv: list[str]) -> int:
     return 0
 
 
+def check_devices(size: int, device: str | None) -> None:
+    """Refuses, before any rank starts, a --device the ranks cannot each have one of."""
+    if device is None or torch.device(device).type == "cpu":
+        return
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: --tensor-parallel-size runs on CUDA GPUs (one per rank) or on cpu.")
+    if torch.device(device).index is not None:
+        raise ValueError(f"--device {device}: each rank takes the GPU of its local rank; give --device cuda.")
+    if torch.cuda.device_count() < size:
+        raise ValueError(
+            f"--tensor-parallel-size {size} needs {size} GPUs on this machine, and {torch.cuda.device_count()} are "
+            "visible: lower it, or start ranks on several machines with torchrun (docs/serving.md)."
+        )
+
+
 def init_ranks(device: str | None) -> torch.device:
-    """Joins the process group (NCCL on GPUs, gloo on CPUs) and returns this rank's device."""
+    """Joins the process group (NCCL on GPUs, gloo on CPUs) and returns this rank's device; the rank exits if its
+    launcher dies (a second Ctrl+C, a kill), so that no rank is left serving or waiting alone."""
     cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
     here = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(here)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=IDLE_WAIT)
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=None if cuda else IDLE_WAIT)
+    parent = os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="wedlm-launcher-watch", daemon=True).start()
     return here
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL)
+    print("wedlm-hf serve: the launcher is gone; this rank stops.", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 class RankChannel:
@@ -102,7 +135,10 @@ class RankChannel:
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.lock = threading.RLock()
         self.lost: str | None = None  # why the ranks no longer run together
+        self.serving = False  # rank 0's server is up: losing the ranks then stops it with a signal
         self._queued: list = []
+        gloo = dist.get_backend() == "gloo"
+        self._group = None if gloo else dist.new_group(backend="gloo", timeout=IDLE_WAIT)
 
     def queue(self, *call) -> None:
         """A call without a collective: it goes with the next `send`."""
@@ -114,7 +150,7 @@ class RankChannel:
             raise RanksLost(self.lost)
         message, self._queued = [*self._queued, _to_host(call)], []
         try:
-            dist.broadcast_object_list([message], src=0)
+            dist.broadcast_object_list([message], src=0, group=self._group)
         except Exception as exc:
             raise self.fail(exc) from exc
 
@@ -123,12 +159,13 @@ class RankChannel:
         if self.lost is None:
             self.lost = "The tensor-parallel ranks lost contact; the server is stopping."
             print(f"wedlm-hf serve: {self.lost} ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGTERM)  # uvicorn drains: open requests end with an error
+            if self.serving:
+                os.kill(os.getpid(), signal.SIGTERM)  # uvicorn drains: open requests end with an error
         return RanksLost(self.lost)
 
     def receive(self) -> list:
         box = [None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self._group)
         return box[0]
 
     def close(self) -> None:
@@ -155,13 +192,16 @@ class MirroredCache:
 
     def __setattr__(self, name, value):
         with self._channel.lock:
-            self._channel.queue("set", name, value)
             setattr(self._cache, name, value)
+            self._channel.queue("set", name, value)
 
     def _queued(self, method: str, *args):
+        """A call without a collective, run here first and sent only if it succeeded: one that fails leaves this
+        cache to be replaced (the scheduler starts a fresh decoder), and the others never run it."""
         with self._channel.lock:
+            result = getattr(self._cache, method)(*args)
             self._channel.queue("call", method, *args)
-            return getattr(self._cache, method)(*args)
+            return result
 
     def add_rows(self, count):
         return self._queued("add_rows", count)
@@ -178,10 +218,10 @@ class MirroredCache:
     def load_prefixes(self, prefixes):
         """Each rank loads its heads of the whole-head K/V rank 0's prefix cache holds (see `row_kv`)."""
         with self._channel.lock:
-            shapes = {b: _stacked(kv).shape for b, kv in prefixes.items()}
-            self._channel.send("load_prefixes", shapes)
+            stacked = {b: _stacked(kv) for b, kv in prefixes.items()}
+            self._channel.send("load_prefixes", {b: whole.shape for b, whole in stacked.items()})
             try:
-                mine = {b: _scatter_heads(_stacked(kv), shapes[b], self._channel) for b, kv in prefixes.items()}
+                mine = {b: _scatter_heads(whole, whole.shape, self._channel) for b, whole in stacked.items()}
             except Exception as exc:
                 raise self._channel.fail(exc) from exc
             return self._cache.load_prefixes(mine)
@@ -205,28 +245,34 @@ class MirroredCache:
                 raise self._channel.fail(exc) from exc
 
 
-def mirrored_prompt_logits(model, channel: RankChannel | None, prompt: list[int], rows: int):
-    """`log_probabilities.prompt_logits` of `prompt`, run on every rank when there are several: each chunk's head is
-    a collective, so every chunk runs even when the caller stops early."""
+def mirrored_prompt_logits(model, channel: RankChannel | None, prompt: list[int], rows: int, take) -> None:
+    """Calls `take(start, logits)` for each chunk of `log_probabilities.prompt_logits` of `prompt`, run on every
+    rank when there are several. Each chunk's head is a collective, so every chunk runs even when `take` raises (its
+    error is raised after the last), and the lock is held in this one call, never across a caller's code."""
     if channel is None:
-        yield from prompt_logits(model, prompt, rows)
+        for start, logits in prompt_logits(model, prompt, rows):
+            take(start, logits)
         return
+    failed = None
     with channel.lock:
         channel.send("prompt_logits", prompt, rows)
-        chunks = prompt_logits(model, prompt, rows)
         try:
-            yield from chunks
+            for start, logits in prompt_logits(model, prompt, rows):
+                if failed is None:
+                    try:
+                        take(start, logits)
+                    except Exception as exc:
+                        failed = exc
         except Exception as exc:
             raise channel.fail(exc) from exc
-        finally:
-            for _ in chunks:
-                pass
+    if failed is not None:
+        raise failed
 
 
 def follow(model, channel: RankChannel) -> None:
     """The other ranks' loop: applies rank 0's calls to this rank's model and cache until it says stop. Signals are
     ignored: rank 0 drains on them and then says stop, and a rank 0 that died ends the wait with an error."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a launcher that dies ends this rank anyway (`init_ranks`)
         signal.signal(sig, signal.SIG_IGN)
     cache = None
     with torch.no_grad():
