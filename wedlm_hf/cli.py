@@ -508,7 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         choices=QUANTIZATIONS,
         help="quantize the weights as they load: torchao-int8 (CPU and GPU, needs torchao), torchao-int4, "
-        "bitsandbytes-8bit, bitsandbytes-4bit (CUDA GPUs); a checkpoint saved quantized loads as saved without it",
+        "bitsandbytes-8bit, bitsandbytes-4bit (CUDA GPUs); a checkpoint saved quantized loads as saved without it "
+        "(default: none)",
     )
     srv.add_argument(
         "--tool-call-parser",
