@@ -18,7 +18,7 @@ import os
 import sys
 
 DEBUG_ENV = "WEDLM_HF_DEBUG"
-DTYPES = ("auto", "bfloat16", "float16", "float32")  # wedlm_hf.data.DTYPES (this module imports no wing)
+DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # wedlm_hf.data.DTYPES (this module imports no wing)
 # wedlm_hf.data.QUANTIZATIONS
 QUANTIZATIONS = ("torchao-int8", "torchao-int4", "bitsandbytes-8bit", "bitsandbytes-4bit")
 DTYPE_HELP = "weights and activations; auto: the checkpoint's half precision on a GPU, float32 on a CPU"

@@ -53,4 +53,8 @@ def test_shared_prefix_workload_prompts_and_servers():
     start = words[0].split(" => ok.")[0]
     assert len(start.split()) >= SHARED_PREFIX_TOKENS and all(p.startswith(start) for p in words)
     assert len(set(words)) == 4
-    assert server_command("wedlm-nocache", 9000, "m", None, None, 1)[-8:-6] == ["--prefix-cache-tokens", "0"]
+    nocache = server_command("wedlm-nocache", 9000, "m", None, None, 1)
+    assert nocache[nocache.index("--prefix-cache-tokens") + 1] == "0"
+    split = server_command("wedlm-tp", 9000, "m", None, None, 1, "cpu", "bfloat16", 3)
+    assert split[split.index("--tensor-parallel-size") + 1] == "3" and split[split.index("--dtype") + 1] == "bfloat16"
+    assert "--tensor-parallel-size" not in nocache

@@ -218,7 +218,8 @@ def test_serve_compile_reaches_the_engine_and_the_startup_line(capsys, monkeypat
         loaded.append(kwargs)
         compiled = object() if kwargs["compile_config"] is not None else None
         dtype = "float32" if kwargs["dtype"] == "auto" else kwargs["dtype"]  # (the CLI's choice reaches the load)
-        return types.SimpleNamespace(model_id="m", dtype=dtype, scheduler=types.SimpleNamespace(compiled=compiled))
+        scheduler = types.SimpleNamespace(compiled=compiled)
+        return types.SimpleNamespace(model_id="m", dtype=dtype, quantization=None, scheduler=scheduler)
 
     class Server:
         def __init__(self, engine, *args, announce, **kwargs):

@@ -16,9 +16,11 @@ import time
 import httpx
 import psutil
 import pytest
+from conftest import build_model, char_tokenizer  # noqa: F401 - char_tokenizer is a fixture
 from live_server import LiveServer, engine
 
 from wedlm_hf.serving.bench_serve import free_port
+from wedlm_hf.serving.engine import ServingEngine
 
 PROMPTS = ["def fib(n):", "import os\nimport", "The quick brown fox"]
 LONG = "copy: apple river stone cloud tiger lamp orange seven piano forest candle mirror silver rocket garden =>"
@@ -129,6 +131,36 @@ def test_two_ranks_answer_what_one_process_answers(ranked):
     person = json.loads(split[0]["message"]["content"])  # the last request: response_format held on two ranks
     assert set(person) == {"name", "age"}
     assert "Traceback" not in ranked.output()
+
+
+RANDOM_REQUESTS = [
+    {"prompt": ["hello world", "abc"], "max_tokens": 24},
+    {"prompt": "hello world", "max_tokens": 24, "wedlm_lossless": True},
+    {"prompt": "The quick", "max_tokens": 24, "temperature": 1.0, "seed": 11, "n": 2},
+    {"prompt": "The quick", "max_tokens": 24, "temperature": 0.7, "seed": 5, "stream": True},
+    {"prompt": "hello world", "max_tokens": 4, "logprobs": 2, "echo": True},
+]
+
+
+def test_two_ranks_on_a_float64_random_model_answer_what_one_process_answers(tmp_path, char_tokenizer):  # noqa: F811
+    """A random model in float64: a near tie in float32 cannot hide a difference, nor fake one."""
+    folder = tmp_path / "random64"
+    build_model().save_pretrained(folder)
+    char_tokenizer.save_pretrained(folder)
+    server = RankedServer(tmp_path, "--model", str(folder), "--dtype", "float64")
+    try:
+        health = httpx.get(f"{server.url}/health", timeout=10).json()
+        assert health["dtype"] == "float64" and health["tensor_parallel_size"] == 2
+        single = ServingEngine.load(str(folder), device="cpu", dtype="float64")
+        with LiveServer(single) as one:
+            for body in RANDOM_REQUESTS:
+                split, whole = answer(server.url, "completions", body), answer(one.url, "completions", body)
+                assert without_logprobs(split) == without_logprobs(whole), body
+                if body.get("logprobs"):
+                    a, b = split[0]["logprobs"]["token_logprobs"][1:], whole[0]["logprobs"]["token_logprobs"][1:]
+                    assert a == pytest.approx(b, abs=1e-9)
+    finally:
+        server.stop()
 
 
 def test_tensor_parallel_refuses_compile_and_quantization(tmp_path):

@@ -8,7 +8,7 @@ half-precision ones, and exactly as the shipped model was trained and measured.
 
 import torch
 
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
 
 
 def checkpoint_dtype(choice: str, device_type: str, saved: torch.dtype | None, bf16_ok: bool = True) -> torch.dtype:
