@@ -19,6 +19,7 @@ from transformers.generation import (
 from .batch_stopping import BatchStoppingCriteria
 from .decoding_config import WeDLMDecodingConfig
 from .decoding_state import DecodingSettings, WeDLMStats
+from .execution_device import execution_device
 from .generation_inputs import (
     build_stopping_criteria,
     is_prompt_cache,
@@ -209,7 +210,7 @@ def _prepare_config(model, generation_config, input_ids, kwargs: dict):
 
 def _prepare_inputs(model, config, input_ids, attention_mask, given_cache):
     """The prompts on the model's device with their mask, checked; the prompt cache's prefix per row; the budget."""
-    device = model.device
+    device = execution_device(model)
     input_ids = (input_ids[None] if input_ids.dim() == 1 else input_ids).to(device)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)

@@ -10,6 +10,7 @@ Positions are not stored: RoPE is already applied to the cached keys, so columns
 import torch
 from transformers import DynamicCache
 
+from .execution_device import execution_device
 from .transformers_versions import CACHE_KWARG, forward_arguments
 
 
@@ -26,7 +27,7 @@ class RaggedCache:
                 "strategy='wedlm' does not support sliding-window attention layers: load the model with "
                 "use_sliding_window=False."
             )
-        self.valid = torch.zeros((batch_size, 0), dtype=torch.bool, device=model.device)
+        self.valid = torch.zeros((batch_size, 0), dtype=torch.bool, device=execution_device(model))
         self.counts = [0] * batch_size  # valid columns per row, followed on the host so that no step reads `valid`
         self.max_dead = max_dead
         attention = getattr(model.config, "_attn_implementation", None) or ""

@@ -1,0 +1,1 @@
+../modeling/execution_device.py
