@@ -133,6 +133,33 @@ def test_two_ranks_answer_what_one_process_answers(ranked):
     assert "Traceback" not in ranked.output()
 
 
+def test_echo_scoring_beside_decoding_keeps_the_ranks_in_step(ranked):
+    """An echo's scoring forward (sent from a worker thread) while streams decode (sent from the loop thread): the
+    ranks see every collective in the same order, and every answer is what it is alone."""
+    long_prompt = " ".join([LONG] * 6)
+    echo = {"prompt": long_prompt, "max_tokens": 1, "logprobs": 1, "echo": True}
+    stream = {"prompt": PROMPTS[2], "max_tokens": 48, "stream": True}
+    alone = (answer(ranked.url, "completions", echo), answer(ranked.url, "completions", stream))
+    results = {}
+
+    def run(name, body):
+        results[name] = answer(ranked.url, "completions", body)
+
+    threads = [threading.Thread(target=run, args=(f"echo{i}", echo)) for i in range(3)]
+    threads += [threading.Thread(target=run, args=(f"stream{i}", stream)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    for i in range(3):
+        assert results[f"echo{i}"][0]["logprobs"]["tokens"] == alone[0][0]["logprobs"]["tokens"]
+        assert results[f"echo{i}"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(
+            alone[0][0]["logprobs"]["token_logprobs"][1:], abs=1e-4
+        )
+        assert results[f"stream{i}"] == alone[1]
+    assert httpx.get(f"{ranked.url}/health", timeout=10).json()["step_failures"] == 0
+
+
 RANDOM_REQUESTS = [
     {"prompt": ["hello world", "abc"], "max_tokens": 24},
     {"prompt": "hello world", "max_tokens": 24, "wedlm_lossless": True},
