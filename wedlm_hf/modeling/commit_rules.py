@@ -7,7 +7,8 @@ prefix agrees (`draft_verification`), and the AR token after the last accepted o
 fill, a row whose window already runs to its end commits it without another forward (`commit_ending`).
 """
 
-from .decoding_state import OWN_SOURCES, DecodingRow, Fill
+from .decoding_state import DecodingRow, Fill
+from .draft_sources import report_verdicts
 from .draft_verification import ArPredictions
 from .grammar_commit import valid_prefix
 from .grammar_hook import commit_valid
@@ -56,10 +57,7 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
                 break
         else:
             replacement = ar.own_token(run - first)
-    own = sum(checked[source] for source in OWN_SOURCES)
-    row.context_window.update(settings.window_size, checked["context"], rejected_by == "context")
-    copying = settings.context_drafts and row.context_window.trying  # a resting model source waits meanwhile
-    row.model_window.update(settings.window_size, own, rejected_by in OWN_SOURCES, paused=copying)
+    report_verdicts(row, checked, rejected_by)
     kept = row.commit(accepted)
     if row.done or ends or replacement is None:
         return kept

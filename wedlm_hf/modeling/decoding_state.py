@@ -121,7 +121,8 @@ class DecodingRow:
     finish_reason: str | None = None  # "stop" (a stop token), "length", or what the caller passed to `finish`
     kv: list | None = None  # the finished row's cache, kept only when the decoder was asked to
     prompt_fed: int = 0  # prompt tokens already in the cache (a long prompt may be prefilled over several steps)
-    # Lossless mode: how many drafts of each source to try, adapted to how many get accepted.
+    # Lossless mode: the state of its draft sources (`draft_sources`): how many drafts of each to try, adapted to
+    # how many get accepted, and the index its context copies look up.
     model_window: DraftWindow = field(default_factory=lambda: DraftWindow(smallest=2, size=2))
     context_window: ContextWindow = field(default_factory=ContextWindow)
     context: object | None = None  # lossless mode: a `ContextIndex` of where each committed token occurs

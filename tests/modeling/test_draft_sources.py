@@ -1,0 +1,67 @@
+"""The draft-source interface: which sources a row drafts from, what each places, and how verdicts reach them."""
+
+from conftest import EOS_ID
+
+from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
+from wedlm_hf.modeling.draft_sources import CONTEXT_DRAFTS, MODEL_DRAFTS, draft_sources, report_verdicts
+from wedlm_hf.modeling.draft_windows import PATIENCE
+
+
+def row_with(window: list, text: list | None = None, **settings) -> DecodingRow:
+    settings = DecodingSettings(max_new_tokens=50, stop_ids=frozenset({EOS_ID}), **settings)
+    prompt = list(text or [5, 6, 7])
+    return DecodingRow(index=0, prompt=prompt, settings=settings, window=list(window), prompt_fed=len(prompt))
+
+
+def test_lossless_rows_draft_from_the_model_then_the_context_and_default_rows_from_none():
+    assert draft_sources(row_with([])) == ()
+    assert draft_sources(row_with([], lossless=True)) == (MODEL_DRAFTS, CONTEXT_DRAFTS)
+    assert draft_sources(row_with([], lossless=True, context_drafts=False)) == (MODEL_DRAFTS,)
+
+
+def test_the_model_source_cuts_the_window_to_its_size_and_returns_the_masks_it_wants():
+    row = row_with([Fill(4, final=True), Fill(10), None, Fill(11), None, None], lossless=True)
+    row.model_window.held, row.model_window.size = True, 3
+    assert MODEL_DRAFTS.place(row, masks=16) == 3
+    assert [slot and slot.token for slot in row.window] == [4, 10, None, 11, None]  # the leading run (2) + 3 slots
+    row.model_window.size = 8
+    assert MODEL_DRAFTS.place(row, masks=5) == 5  # never more than the masks asked for (W)
+    row.model_window.size = 1  # a single draft is not worth a try: the final token alone is fed
+    assert MODEL_DRAFTS.place(row, masks=16) == 0
+    assert [slot.token for slot in row.window] == [4, 10]
+
+
+def test_the_context_source_places_a_copy_and_then_wants_no_masks():
+    text = [1, 2, 3, 4, 9, 8, 7, 3]  # with the final token 4: "3 4" occurred before, followed by "9 8 7 3"
+    row = row_with([Fill(4, final=True)], text=text, lossless=True)
+    row.model_window.held = False
+    assert CONTEXT_DRAFTS.place(row, masks=6) == 0
+    assert [(slot.token, slot.source) for slot in row.window[1:]] == [(t, "context") for t in (9, 8, 7, 3)]
+    unmatched = row_with([Fill(40, final=True)], text=text, lossless=True)  # 40 never occurred: no copy
+    assert CONTEXT_DRAFTS.place(unmatched, masks=6) == 6
+    assert len(unmatched.window) == 1
+
+
+def test_verdicts_reach_the_source_whose_drafts_were_checked():
+    """The model's fills and grammar-constrained drafts are the model source's, copies the context source's; a
+    grammar's forced tokens belong to no source. A rejected copy leaves the model window as it was."""
+    row = row_with([], lossless=True, window_size=12)
+    row.model_window.held, row.model_window.size = True, 4
+    report_verdicts(row, {"model": 1, "constrained": 1, "context": 1, "forced": 5}, rejected_kind="context")
+    assert row.model_window.held is True and row.model_window.size == 12  # its two drafts held: grown, up to W
+    assert row.context_window.failures == 1 and row.context_window.tried
+    report_verdicts(row, {"model": 2}, rejected_kind="model")
+    assert row.model_window.held is False and row.model_window.size == 6  # halved
+    assert row.context_window.failures == 1  # no copy checked: the context source heard nothing
+
+
+def test_a_resting_model_source_waits_while_copies_are_tried_and_not_once_they_rest():
+    row = row_with([], lossless=True)
+    row.model_window.size, row.model_window.wait = 0, 1
+    report_verdicts(row, {"context": 3}, rejected_kind=None)  # a copy held: copies are being tried
+    report_verdicts(row, {}, rejected_kind=None)
+    assert row.model_window.size == 0  # paused: its quiet steps do not count
+    for _ in range(PATIENCE):  # copies fail at their first token until the context source rests
+        report_verdicts(row, {"context": 1}, rejected_kind="context")
+    assert row.context_window.size == 0
+    assert row.model_window.size == 2  # the step that sent copies to rest was a quiet one for the model: its try

@@ -1,0 +1,1 @@
+../modeling/draft_sources.py
