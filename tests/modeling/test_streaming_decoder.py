@@ -6,11 +6,14 @@ mask function reads it to choose sdpa's causal kernel, as in AR's prefill.)"""
 import pytest
 import torch
 from conftest import EOS_ID, MASK_ID
+from transformers import LogitsProcessorList
+from transformers.generation import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper
 
 from wedlm_hf.evaluation.step_benchmark import HostReads
 from wedlm_hf.modeling.decoding_state import DecodingSettings
 from wedlm_hf.modeling.slot_cache import SlotCache
 from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
+from wedlm_hf.modeling.window_filling import FillSampler
 
 
 @pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
@@ -35,3 +38,30 @@ def test_a_step_reads_the_device_once(model64, static, lossless):
         reads.append(counted.count)
         steps += 1
     assert steps > 4 and max(reads[1:]) == 1 and reads[0] <= 3, reads
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
+def test_a_sampled_step_reads_the_device_once(model64, lossless):
+    """Rows that sample, each with its own generator, draw their fills and have their drafts judged on the device:
+    the step still reads it once. A repetition penalty (which reads each slot's context) is drawn early in default
+    mode; a lossless row under one fills after its commit (it sees the final token), so it is left out here."""
+    decoder = StreamingDecoder(model64, MASK_ID)
+    g = torch.Generator().manual_seed(0)
+    for n, seed in zip((5, 9, 7), (1, 2, 3)):
+        processors = [TemperatureLogitsWarper(0.9), TopKLogitsWarper(20)]
+        if not lossless:
+            processors.append(RepetitionPenaltyLogitsProcessor(1.3))
+        sampler = FillSampler(True, LogitsProcessorList(processors), generator=torch.Generator().manual_seed(seed))
+        settings = DecodingSettings(
+            max_new_tokens=30, window_size=6, entropy_threshold=1.0, stop_ids=frozenset({EOS_ID}), lossless=lossless
+        )
+        settings.sampler = sampler
+        decoder.add(torch.randint(0, EOS_ID, (n,), generator=g).tolist(), settings)
+    reads, rows = [], list(decoder._joining)
+    while decoder.busy:
+        with HostReads() as counted:
+            decoder.step()
+        reads.append(counted.count)
+    assert len(reads) > 4 and max(reads[1:]) == 1, reads
+    if lossless:  # drafts were judged, some kept and some not
+        assert sum(row.stats.accepted_drafts for row in rows) and sum(row.stats.rejected_drafts for row in rows)

@@ -10,10 +10,11 @@ by the difference in forwards, so the prefill and the set-up cancel; the four de
 its best of `repeats`. The compiled cells decode on the static cache with `torch.compile(model.forward)` swapped in,
 as `wedlm-hf bench` does.
 
-Host reads per step count, on the eager runs, the calls that copy a tensor's data to the host for Python to see
-(`item`, `tolist`, `bool()` / `int()` / `float()` / indexing by a tensor, `nonzero`, `unique`, `masked_select`,
-`.cpu()`): on a GPU each is a synchronisation. Targets: WeDLM's step at most 1.3x AR's at batch 1 and 2x at batch
-16, eager and compiled, with one host read per step.
+Host reads per step count, on the eager runs and on seeded sampled ones (default and lossless mode), the calls
+that copy a tensor's data to the host for Python to see (`item`, `tolist`, `bool()` / `int()` / `float()` /
+indexing by a tensor, `nonzero`, `unique`, `masked_select`, `.cpu()`): on a GPU each is a synchronisation.
+Targets: WeDLM's step at most 1.3x AR's at batch 1 and 2x at batch 16, eager and compiled, with one host read per
+step.
 """
 
 import functools
@@ -159,6 +160,29 @@ def _host_reads(runs: dict, lengths: dict) -> dict:
     return out
 
 
+SAMPLED = {  # host reads only: seeded sampling with a temperature and top-k, default and lossless mode
+    "WeDLM sampled": dict(do_sample=True, temperature=0.9, top_k=50),
+    "lossless sampled": dict(do_sample=True, temperature=0.9, top_k=50, wedlm_lossless=True),
+}
+
+
+def _sampled_host_reads(model, prompts: torch.Tensor, window: int, lengths: tuple[int, int]) -> dict:
+    """name -> host reads per decoding step of sampled WeDLM decoding (`SAMPLED`), eager."""
+    common = dict(eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts), strategy="wedlm")
+    common |= dict(wedlm_window_size=window, wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
+    out = {}
+    for name, sampling in SAMPLED.items():
+        counts, forwards = [], []
+        for tokens in lengths:
+            torch.manual_seed(0)
+            with HostReads() as reads:
+                result = model.generate(prompts, max_new_tokens=tokens, **common, **sampling)
+            counts.append(reads.count)
+            forwards.append(max(s.forwards for s in result.wedlm_stats))
+        out[name] = (counts[0] - counts[1]) / (forwards[0] - forwards[1])
+    return out
+
+
 def run_step_benchmark(
     model=None,
     batches: tuple[int, ...] = (1, 16),
@@ -193,7 +217,7 @@ def run_step_benchmark(
         wedlm_lengths = tuple(k * window for k in wedlm_windows)
         lengths = {name: ar_tokens if name.startswith("AR") else wedlm_lengths for name in runs}
         seconds, forward = _per_step(runs, lengths, repeats)
-        reads = _host_reads(runs, lengths)
+        reads = _host_reads(runs, lengths) | _sampled_host_reads(model, prompts, window, wedlm_lengths)
         report[batch] = {
             "seconds_per_step": seconds,
             "forward_seconds_per_step": forward,
@@ -211,7 +235,8 @@ def run_step_benchmark(
             )
         log(
             f"batch {batch:>3}, host reads per step (eager): AR {reads['AR eager']:.1f}, WeDLM "
-            f"{reads['WeDLM eager']:.1f} (target 1)"
+            f"{reads['WeDLM eager']:.1f}, WeDLM sampled {reads['WeDLM sampled']:.1f}, lossless sampled "
+            f"{reads['lossless sampled']:.1f} (target 1)"
         )
     return report
 

@@ -11,7 +11,7 @@ import torch
 
 from .decoding_state import DecodingRow, Fill
 from .step_feed import open_masks
-from .step_readout import StepReadout, own_draw
+from .step_readout import StepReadout
 from .window_filling import choose_fills
 
 
@@ -22,39 +22,45 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
     mask, the next draft a verification reaches."""
     if readout.scores is None:
         return
-    n_masks = readout.scores.shape[1]
-    slots = [{} if row.done or not masks[b] else dict(open_masks(row, masks[b], n_masks)) for b, row in enumerate(rows)]
-    if not any(slots):
-        return
-    entropies, top = readout.entropies, readout.top
-    chosen = []  # (batch row, mask column), each row's in slot order
+    n_masks, entropies, top, early = readout.scores.shape[1], readout.entropies, readout.top, readout.drawn
+    chosen, slots = [], {}  # (batch row, mask column) of the rows with their own draw, in slot order; their slots
     for b, row in enumerate(rows):
-        if not slots[b]:
+        pairs = open_masks(row, masks[b], n_masks) if masks[b] and not row.done else ()
+        if not pairs:
             continue
-        settings, open_columns = row.settings, list(slots[b])  # ascending
+        settings, columns = row.settings, [c for c, _ in pairs]
+        offsets = [slot for _, slot in pairs]
         picks = choose_fills(
-            [entropies[b][c] for c in open_columns],
-            [slots[b][c] for c in open_columns],
-            settings.entropy_threshold,
-            settings.pos_penalty_factor,
+            [entropies[b][c] for c in columns], offsets, settings.entropy_threshold, settings.pos_penalty_factor
         )
-        if settings.lossless and 0 not in picks:  # the leftmost mask is the next draft a verification reaches
+        if settings.lossless and picks[0] != 0:  # the leftmost mask is the next draft a verification reaches
             picks = [0, *picks]
-        chosen += [(b, open_columns[i]) for i in picks]
-    drawn = _draw(rows, readout.scores, [(b, c) for b, c in chosen if own_draw(rows[b])], slots)
+        if not settings.sampler.own_choice:  # the batch's greedy tokens
+            window, tops = row.window, top[b]
+            for i in picks:
+                window[offsets[i]] = Fill(int(tops[columns[i]]))
+            continue
+        for i in picks:
+            chosen.append((b, columns[i]))
+            slots[b, columns[i]] = offsets[i]
+    if not chosen:
+        return
+    drawn = _draw(rows, readout.scores, [key for key in chosen if key not in early], slots)
+    drawn |= {key: early[key] for key in chosen if key in early}
     for b, c in chosen:
-        token, q = drawn[b, c] if (b, c) in drawn else (int(top[b][c]), None)
-        rows[b].window[slots[b][c]] = Fill(token, q=q)
-    for b, c in drawn:
+        token, q = drawn[b, c]
+        rows[b].window[slots[b, c]] = Fill(token, q=q)
+    for b, c in chosen:
         row = rows[b]
         if row.settings.lossless and row.settings.sampler.do_sample:  # a draft drawn after a mask before it was
-            slot = slots[b][c]  # filled may have steered that one
+            slot = slots[b, c]  # filled may have steered that one
             row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
 
 
-def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int]], slots: list[dict]) -> dict:
+def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int]], slots: dict) -> dict:
     """(row, column) -> (token, the distribution it was drawn from where a lossless row needs it) for the
-    chosen (row, column) masks of rows with their own draw (`own_draw`); rows sharing one sampler draw together,
+    chosen (row, column) masks (at window slots `slots[row, column]`) of rows with their own draw; rows sharing one
+    sampler draw together,
     in `chosen`'s order. A context-reading processor sees, at each mask, the committed text and the window's
     filled slots before it, up to the first mask (exact for the leftmost mask; docs/usage.md)."""
     groups: dict[int, list[int]] = {}
@@ -69,7 +75,7 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int,
             wanted: dict[int, list[int]] = {}
             for k in members:
                 b, c = chosen[k]
-                wanted.setdefault(b, []).append(min(slots[b][c], rows[b].leading_run()))
+                wanted.setdefault(b, []).append(min(slots[b, c], rows[b].leading_run()))
             contexts = [ids for b, ks in wanted.items() for ids in rows[b].contexts(ks, scores.device)]
         probs = sampler.probabilities(block, contexts) if sampler.do_sample else None
         tokens = sampler.draw(probs) if sampler.do_sample else sampler(block, contexts)

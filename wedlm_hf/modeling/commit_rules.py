@@ -92,8 +92,10 @@ def commit_ending(row: DecodingRow) -> int:
             return 0
         run = next((i for i in range(1, run) if row.window[i].source != "forced"), run)
     tokens = [slot.token for slot in row.window[:run]]
-    stop = next((i + 1 for i, token in enumerate(tokens) if token in settings.stop_ids), None)
     room = settings.max_new_tokens - len(row.generated)
+    if run < room and settings.stop_ids.isdisjoint(tokens):  # the run does not reach the row's end
+        return 0
+    stop = next((i + 1 for i, token in enumerate(tokens) if token in settings.stop_ids), None)
     end = stop if stop is not None else room if run >= room else 0
     if not end or any(slot.guess for slot in row.window[:end]):
         return 0

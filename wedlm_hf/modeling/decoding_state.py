@@ -83,6 +83,9 @@ class DecodingSettings:
     context_ngram: int = WeDLMDecodingConfig.context_ngram
     keep_logits: bool = False  # record, for each committed token, the AR logits of its position (`row.logits`)
 
+    def __post_init__(self):
+        self.stop_ids = frozenset(self.stop_ids)  # any iterable of ids; a set is what the step's checks take
+
     @classmethod
     def of(cls, options: WeDLMDecodingConfig, **row) -> "DecodingSettings":
         """A row's settings from checked options and the row's own fields (`max_new_tokens`, `sampler`, ...)."""
@@ -218,7 +221,9 @@ class DecodingRow:
         tokens = [slot.token for slot in self.window[:count]]
         settings = self.settings
         # The first token that ends the row: a stop token, or the one that fills the budget (a stop token first).
-        stop = next((i for i, token in enumerate(tokens) if token in settings.stop_ids), len(tokens))
+        stop = len(tokens)
+        if not settings.stop_ids.isdisjoint(tokens):
+            stop = next(i for i, token in enumerate(tokens) if token in settings.stop_ids)
         full = max(settings.max_new_tokens - len(self.generated), 1) - 1
         end = min(stop, full)
         if end < len(tokens):

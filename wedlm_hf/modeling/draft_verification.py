@@ -7,23 +7,24 @@ probability min(1, p/q) and otherwise draws from the normalised max(0, p - q) (s
 output is distributed exactly as plain AR decoding with the same logits processors (docs/algorithm.md section 6).
 """
 
-import torch
-
 from .window_filling import FillSampler
 
 
 class ArPredictions:
     """The model's own AR predictions for consecutive window slots of one row, computed in the step's forward.
 
-    Greedy: `choices[i]`, the argmax. Sampling: `probabilities[i]` after the warpers, with `fresh[i]` (a draw from
-    it) and `uniforms[i]` drawn up front for the whole batch at once; each is used at most once.
+    Greedy: `choices[i]`, the argmax. Sampling: `choices[i]`, a fresh draw from AR's distribution after the
+    warpers, and each draft's verdict judged on the device for the whole batch at once (`verdicts[i]`: the draft's
+    token, whether it is kept, the residual draw in its place; `step_draws`), or, judged here on the host (a
+    grammar's guess), `probabilities[i]` and `uniforms[i]`. Each is used at most once.
     """
 
-    def __init__(self, sampler: FillSampler, choices: list[int], probabilities=None, uniforms=None):
+    def __init__(self, sampler: FillSampler, choices: list[int], probabilities=None, uniforms=None, verdicts=None):
         self.sampler = sampler
         self.choices = choices
         self.probabilities = probabilities
         self.uniforms = uniforms
+        self.verdicts = verdicts
 
     def own_token(self, i: int) -> int:
         """AR's token at slot i (the argmax, or a draw). The mask token is not suppressed: `generate` does not."""
@@ -41,6 +42,13 @@ class ArPredictions:
         """
         if not self.sampler.do_sample:
             return None if self.choices[i] == draft.token else self.choices[i]
+        if self.verdicts is not None:  # judged on the device (`step_draws`): (draft token, kept, replacement)
+            if self.verdicts[i] is None:
+                return self.choices[i]
+            token, kept, replacement = self.verdicts[i]
+            if token != draft.token:
+                raise RuntimeError("A draft changed between its verdict and its check: this is a bug in wedlm_hf.")
+            return None if kept else replacement
         p = self.probabilities[i]
         if draft.source in ("context", "forced") or draft.guess:  # q is a point mass: keep with probability p(x)
             if self.uniforms[i] < float(p[draft.token]):
@@ -59,44 +67,15 @@ class ArPredictions:
         return int(self.sampler.draw((residual / residual.sum())[None])[0])
 
 
-def ar_predictions(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int]], top: list | None) -> dict:
-    """`ArPredictions` for every lossless row: greedy rows' from `top` (the step's readout: per row, the argmax of
-    every logits column), the others computed in one pass per sampler (the processed argmax, or distributions with
-    one fresh draw and one uniform per position, used only where needed). A context-reading processor sees, at each
-    position, the committed text and the window's drafts before it: the real prefix AR `generate` would have there,
-    so verification stays exact."""
-    predictions, groups = {}, {}
-    for b in ar_rows:
-        groups.setdefault(id(rows[b].settings.sampler), []).append(b)
-    for members in groups.values():
-        sampler = rows[members[0]].settings.sampler
-        if sampler.do_sample or sampler.warpers:
-            sizes = [len(ar_rows[b]) for b in members]
-            block = logits[[b for b in members for _ in ar_rows[b]], [c for b in members for c in ar_rows[b]]]
-            contexts = None
-            if sampler.reads_context:  # row j predicts window slot j (a joining row) or j + 1 (one with a final token)
-                contexts = []
-                for b in members:
-                    shift = 1 if rows[b].prefilled else 0
-                    contexts += rows[b].contexts([j + shift for j in range(len(ar_rows[b]))], logits.device)
-            if not sampler.do_sample:
-                chosen = sampler(block, contexts).tolist()
-                for b, tokens in zip(members, _split(chosen, sizes)):
-                    predictions[b] = ArPredictions(sampler, tokens)
-                continue
-            probs = sampler.probabilities(block, contexts)
-            fresh = sampler.draw(probs).tolist()
-            uniforms = torch.rand(len(fresh), generator=sampler.generator, device=probs.device).tolist()
-            parts = zip(probs.split(sizes), _split(fresh, sizes), _split(uniforms, sizes))
-            for b, (p, f, u) in zip(members, parts):
-                predictions[b] = ArPredictions(sampler, f, p, u)
-        else:
-            for b in members:
-                predictions[b] = ArPredictions(sampler, [int(top[b][c]) for c in ar_rows[b]])
-    return predictions
+def greedy_predictions(rows: list, ar_rows: dict[int, list[int]], top: list | None) -> dict:
+    """`ArPredictions` for the lossless rows whose AR choice is the plain argmax, from `top` (the step's readout:
+    per row, the argmax of every logits column); the others' come with the readout (`step_draws`)."""
+    argmax = [b for b in ar_rows if rows[b].settings.lossless and not rows[b].settings.sampler.own_choice]
+    return {b: ArPredictions(rows[b].settings.sampler, [int(top[b][c]) for c in ar_rows[b]]) for b in argmax}
 
 
-def _split(values: list, sizes: list[int]) -> list[list]:
+def split_sizes(values: list, sizes: list[int]) -> list[list]:
+    """`values` cut into consecutive pieces of `sizes`."""
     out, start = [], 0
     for n in sizes:
         out.append(values[start : start + n])

@@ -56,13 +56,9 @@ def build_feed(rows: list[DecodingRow], kv, mask_token_id: int, cap: int | None)
         start, decode = prompt_chunk(row, cap)
         base = row.committed
         window = row.window[: len(row.window) - row.unfed_end()] if decode else []
-        fills, fill_positions, mask_positions = [], [], []
-        for i, slot in enumerate(window):
-            if slot is None:
-                mask_positions.append(base + i)
-            else:
-                fills.append(slot.token)
-                fill_positions.append(base + i)
+        fills = [slot.token for slot in window if slot is not None]
+        fill_positions = [base + i for i, slot in enumerate(window) if slot is not None]
+        mask_positions = [base + i for i, slot in enumerate(window) if slot is None]
         starts.append(start)
         decodes.append(decode)
         filled.append(len(fills))
@@ -107,6 +103,8 @@ def open_masks(row: DecodingRow, masks: list[int], n_masks: int) -> list[tuple[i
     """(mask column, window slot) of the masks fed this step that are still masks (lossless mode may have placed its
     final token on one; a commit moves the slots). Masks are right-aligned in the step's mask columns."""
     first, base, window = n_masks - len(masks), row.committed, row.window
+    if not row.settings.lossless and row.grammar is None:  # a default-mode commit moves only filled slots
+        return [(first + j, position - base) for j, position in enumerate(masks)]
     out = []
     for j, position in enumerate(masks):
         slot = position - base

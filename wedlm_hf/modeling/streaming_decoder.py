@@ -29,7 +29,7 @@ from .batch_fill import fill_masks
 from .commit_rules import commit, commit_ending
 from .decoding_cache import DecodingCache
 from .decoding_state import DecodingRow, DecodingSettings, Fill
-from .draft_verification import ar_predictions
+from .draft_verification import greedy_predictions
 from .grammar_hook import MAX_FORCED, constrain_window, restrict_to_grammar
 from .ragged_cache import RaggedCache
 from .step_feed import StepFeed, build_feed, logit_columns, open_masks
@@ -145,7 +145,7 @@ class StreamingDecoder:
         ar_rows = {b: [column[c] for c in cs] for b, cs in ar_columns.items()}
         for b, cs in ar_rows.items():
             _follow_ar_logits(rows[b], logits[b], cs, feed.starts[b], feed.runs[b], sparse.get(b))
-        readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows)
+        readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows, feed.runs, feed.masks)
         kept, stale = self._commit(rows, feed, logits, ar_rows, readout)
         self._fill(rows, feed, logits[:, len(columns) - feed.n_masks :], readout, stale)
         finished = [row for row in rows if row.done]
@@ -181,8 +181,7 @@ class StreamingDecoder:
         """Phase 5: each row's commit rule; the cache keeps a joining row's prompt (the first columns it was fed)
         and every row's committed run. Returns the tokens each row committed and the rows whose mask fills are
         void (a failed guess under a grammar: every mask saw it)."""
-        lossless = {b: cs for b, cs in ar_rows.items() if rows[b].settings.lossless}
-        predictions = ar_predictions(rows, logits, lossless, readout.ar_top)
+        predictions = greedy_predictions(rows, ar_rows, readout.ar_top) | readout.predictions
         kept, stale = [], set()
         for b, row in enumerate(rows):
             count, failed = commit(row, feed.runs[b], predictions.get(b)) if feed.decodes[b] else (0, False)

@@ -109,6 +109,11 @@ class FillSampler:
         self.reads_context = any(reads_context(p) for p in self.warpers)
         self.row_state = row_state
 
+    @property
+    def own_choice(self) -> bool:
+        """Whether its choice is more than the plain argmax: a draw, or processors that change it."""
+        return self.do_sample or bool(self.warpers)
+
     def scores(self, logits: torch.Tensor, contexts: list[torch.Tensor] | None = None) -> torch.Tensor:
         """The processed float logits (N, vocab): `contexts` (one per row) are needed where `reads_context`."""
         logits = logits.float()

@@ -33,4 +33,6 @@ def refill(row: DecodingRow) -> None:
 def _stop_slot(row: DecodingRow) -> int | None:
     """The window's first filled stop token, if any."""
     stop_ids = row.settings.stop_ids
-    return next((i for i, slot in enumerate(row.window) if slot is not None and slot.token in stop_ids), None)
+    if stop_ids.isdisjoint([slot.token for slot in row.window if slot is not None]):
+        return None
+    return next(i for i, slot in enumerate(row.window) if slot is not None and slot.token in stop_ids)

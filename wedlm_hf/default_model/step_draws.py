@@ -1,0 +1,1 @@
+../modeling/step_draws.py

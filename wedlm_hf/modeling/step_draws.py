@@ -1,0 +1,170 @@
+"""A step's random draws, made on the device before the step's one read (`step_readout`).
+
+On a GPU every read of a tensor's value is a synchronisation, so what a sampled row decides with random draws is
+computed on the device for the whole batch, and only its outcome travels with the step's one read:
+
+- lossless verification (`verification_draws`): for each draft, whether it is kept (u * q(x) < p(x)) and the draw
+  from the residual max(0, p - q) that takes its place if not, beside AR's own fresh draw at every position; the
+  host then walks the verdicts in order (`ArPredictions.judge`);
+- fills (`fill_draws`): a draw at every fed mask of a row with its own draw (sampling, or processors that change
+  its greedy choice), from which the fill rule then keeps the masks it fills.
+
+Rows that share a sampler draw together; a row's draws depend only on its own state, never on the other rows'.
+Drawing every mask and every residual costs random numbers no host-side walk would use, never a read. Left to the
+host, after the commit: a grammar row's fills (its grammar walks the window first) and a lossless row's fills under
+a processor that reads the context (the fills see the final token the commit places).
+"""
+
+from collections.abc import Callable
+
+import torch
+
+from .decoding_state import DecodingRow
+from .draft_verification import ArPredictions, split_sizes
+
+Pending = tuple[list[torch.Tensor], Callable[[list[list[float]]], dict]]  # tensors to read; what their values give
+
+
+def own_draw(row: DecodingRow) -> bool:
+    """Whether a row's fills need more than the batch's greedy tokens: a draw, or processors that change them."""
+    return row.settings.sampler.own_choice
+
+
+def draws_early(row: DecodingRow) -> bool:
+    """Whether the row's fills are drawn before the step's read (see the module docstring). Not a default-mode row
+    that this step's commit ends (its run reaches a stop token or the budget): it fills nothing, and a draw for it
+    would move the draws of the rows that share its sampler."""
+    settings = row.settings
+    if not own_draw(row) or row.done or row.grammar is not None:
+        return False
+    if settings.lossless:
+        return not settings.sampler.reads_context
+    run = row.window[: row.leading_run()]
+    room = settings.max_new_tokens - len(row.generated)
+    return len(run) < room and not any(slot.token in settings.stop_ids for slot in run)
+
+
+def _groups(rows: list[DecodingRow], members) -> list[list[int]]:
+    groups: dict[int, list[int]] = {}
+    for b in members:
+        groups.setdefault(id(rows[b].settings.sampler), []).append(b)
+    return list(groups.values())
+
+
+def verification_draws(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, runs: list[int]) -> Pending:
+    """For the lossless rows whose AR choice is not the plain argmax: per sampler, the processed argmax, or AR's
+    fresh draw at each of the row's AR positions and each draft's verdict (see `ArPredictions`). A context-reading
+    processor sees, at each position, the committed text and the window's drafts before it: the real prefix AR
+    `generate` would have there, so verification stays exact."""
+    tensors, plans = [], []
+    checked = [b for b in ar_rows if rows[b].settings.lossless and own_draw(rows[b])]
+    for members in _groups(rows, checked):
+        sampler = rows[members[0]].settings.sampler
+        sizes = [len(ar_rows[b]) for b in members]
+        block = logits[[b for b in members for _ in ar_rows[b]], [c for b in members for c in ar_rows[b]]]
+        contexts = None
+        if sampler.reads_context:  # row j predicts window slot j (a joining row) or j + 1 (one with a final token)
+            contexts = []
+            for b in members:
+                shift = 1 if rows[b].prefilled else 0
+                contexts += rows[b].contexts([j + shift for j in range(len(ar_rows[b]))], logits.device)
+        if not sampler.do_sample:
+            tensors.append(sampler(block, contexts))
+            plans.append((members, sizes, None))
+            continue
+        probs = sampler.probabilities(block, contexts)
+        drafts = [_judged(rows[b], j, runs[b]) for b in members for j in range(len(ar_rows[b]))]
+        tensors += [sampler.draw(probs), *draft_verdicts(sampler, probs, drafts)]
+        plans.append((members, sizes, drafts))
+
+    def finish(values: list[list[float]]) -> dict:
+        predictions = {}
+        for members, sizes, drafts in plans:
+            sampler = rows[members[0]].settings.sampler
+            if drafts is None:
+                chosen = [int(v) for v in values.pop(0)]
+                for b, tokens in zip(members, split_sizes(chosen, sizes)):
+                    predictions[b] = ArPredictions(sampler, tokens)
+                continue
+            fresh, kept, residual = ([int(v) for v in values.pop(0)] for _ in range(3))
+            verdicts = [None if d is None else (d.token, bool(k), r) for d, k, r in zip(drafts, kept, residual)]
+            for b, f, v in zip(members, split_sizes(fresh, sizes), split_sizes(verdicts, sizes)):
+                predictions[b] = ArPredictions(sampler, f, verdicts=v)
+        return predictions
+
+    return tensors, finish
+
+
+def _judged(row: DecodingRow, j: int, run: int):
+    """The draft AR position j of the row judges (window slot j + 1 after a final token, j for a joining row), if
+    one is judged against a distribution: a sampled fill that is verifiable, or a point-mass draft (copied, forced,
+    a guess). None where the position has no draft or the draft is simply replaced by AR's fresh draw."""
+    slot = j + (1 if row.prefilled else 0)
+    if slot >= run:
+        return None
+    draft = row.window[slot]
+    if draft.source in ("context", "forced") or draft.guess or (draft.verifiable and draft.q is not None):
+        return draft
+    return None
+
+
+def draft_verdicts(sampler, probs: torch.Tensor, drafts: list) -> list[torch.Tensor]:
+    """Per position, whether its draft is kept and the residual draw in its place (both 0 where `drafts` has
+    None). A draft x drawn from q is kept when u * q(x) < p(x), a point-mass draft (q(x) = 1) when u < p(x); the
+    replacement is drawn from max(0, p - q) normalised (p where that vanishes, p == q up to rounding)."""
+    count = len(drafts)
+    kept = torch.zeros(count, device=probs.device)
+    residual = torch.zeros(count, dtype=torch.long, device=probs.device)
+    judged = [i for i, d in enumerate(drafts) if d is not None]
+    if judged:
+        index = torch.tensor(judged, device=probs.device)
+        tokens = torch.tensor([drafts[i].token for i in judged], device=probs.device)
+        p = probs[index]
+        q = torch.zeros_like(p)
+        point = [k for k, i in enumerate(judged) if drafts[i].source in ("context", "forced") or drafts[i].guess]
+        drawn = sorted(set(range(len(judged))) - set(point))
+        if drawn:
+            q[drawn] = torch.stack([drafts[judged[k]].q for k in drawn]).to(p.dtype)
+        if point:
+            q[point, tokens[point]] = 1.0
+        uniforms = torch.rand(len(judged), generator=sampler.generator, device=probs.device)
+        at = tokens[:, None]
+        kept[index] = (uniforms * q.gather(1, at)[:, 0] < p.gather(1, at)[:, 0]).float()
+        rest = (p - q).clamp_min(0)
+        total = rest.sum(-1, keepdim=True)
+        residual[index] = sampler.draw(torch.where(total > 0, rest, p))
+    return [kept, residual]
+
+
+def fill_draws(rows: list[DecodingRow], scores: torch.Tensor, masks: list[list[int]]) -> Pending:
+    """For the rows that draw early (`draws_early`): per sampler, a token at every fed mask (row b's masks at logical
+    positions `masks[b]`, right-aligned in the `scores` (batch, mask columns, vocab)), and for a sampled lossless row
+    the distribution it came from (a draft's q). A context-reading processor sees, at each mask, the committed text
+    and the window's filled slots before it, up to the first mask (the leading run)."""
+    n_masks = scores.shape[1]
+    early = [b for b, row in enumerate(rows) if masks[b] and draws_early(row)]
+    tensors, plans = [], []
+    for members in _groups(rows, early):
+        sampler = rows[members[0]].settings.sampler
+        columns = [(b, c) for b in members for c in range(n_masks - len(masks[b]), n_masks)]
+        block = scores[[b for b, _ in columns], [c for _, c in columns]]
+        contexts = None
+        if sampler.reads_context:
+            contexts = []
+            for b in members:
+                row = rows[b]
+                run = row.leading_run()
+                contexts += row.contexts([min(p - row.committed, run) for p in masks[b]], scores.device)
+        probs = sampler.probabilities(block, contexts) if sampler.do_sample else None
+        tensors.append(sampler.draw(probs) if sampler.do_sample else sampler(block, contexts))
+        plans.append((columns, probs))
+
+    def finish(values: list[list[float]]) -> dict:
+        drawn = {}
+        for columns, probs in plans:
+            for i, ((b, c), token) in enumerate(zip(columns, values.pop(0))):
+                keep = probs is not None and rows[b].settings.lossless
+                drawn[b, c] = (int(token), probs[i] if keep else None)
+        return drawn
+
+    return tensors, finish
