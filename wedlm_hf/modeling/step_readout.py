@@ -55,9 +55,10 @@ def read_step(
     greedy_fills = any(not own_draw(row) for row in filling)
     if n_masks and filling:
         out.scores = suppress_token(logits[:, logits.shape[1] - n_masks :], mask_token_id)
-        parts.append(entropy(out.scores))
+        maxima, top = out.scores.max(dim=-1)  # `greedy`'s tokens, and the maxima the entropy shifts by
+        parts.append(entropy(out.scores, maxima))
         if greedy_fills:
-            parts.append(greedy(out.scores).to(parts[0].dtype))
+            parts.append(top.to(parts[0].dtype))
     verifying = any(greedy_verifier(rows[b]) for b in ar_rows)
     if verifying:
         parts.append(greedy(logits).to(parts[0].dtype if parts else torch.float32))

@@ -31,10 +31,18 @@ def suppress_token(logits: torch.Tensor, token_id: int) -> torch.Tensor:
     return logits
 
 
-def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Shannon entropy in nats of softmax(logits) over the last dimension; -inf logits contribute 0."""
-    log_probs = torch.log_softmax(logits, dim=-1)
-    return -(log_probs.exp() * log_probs.clamp_min(torch.finfo(log_probs.dtype).min)).sum(-1)
+def entropy(logits: torch.Tensor, maxima: torch.Tensor | None = None) -> torch.Tensor:
+    """Shannon entropy in nats of softmax(logits) over the last dimension; -inf logits contribute 0. `maxima`: the
+    logits' maxima over that dimension where the caller has them (the greedy tokens' `max` gives them).
+
+    H = log(s) - sum(e * z) / s with z = logits - max, e = exp(z), s = sum(e): one exponential per logit, where
+    log_softmax followed by exp takes two (on a CPU the step's largest cost outside the forward)."""
+    if maxima is None:
+        maxima = logits.max(dim=-1).values
+    shifted = (logits - maxima[..., None]).clamp_min_(torch.finfo(logits.dtype).min)
+    weights = shifted.exp()
+    total = weights.sum(-1)
+    return total.log() - (weights * shifted).sum(-1) / total
 
 
 def choose_fills(entropies: list[float], offsets: list[int], threshold: float | None, pos_penalty: float) -> list[int]:
