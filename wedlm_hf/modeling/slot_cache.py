@@ -228,7 +228,8 @@ class SlotCache(Cache):
         is unused, see something or nothing; a free slot's see nothing. No query sees the sink: a row's tokens end
         before it."""
         offset = self._arange[None, : self.keys_length] - start[:, None]  # column - length: the rank it holds
-        seen = (offset[:, None, :] < 0) | ((offset[:, None, :] >= 0) & (offset[:, None, :] <= rank[:, :, None]))
+        # A committed column (offset < 0) is seen by every query, as rank >= -1; a written one up to the query's.
+        seen = offset[:, None, :] <= rank[:, :, None]
         zero = torch.zeros((), dtype=self.model.dtype, device=self.device)
         blocked = torch.tensor(torch.finfo(self.model.dtype).min, dtype=self.model.dtype, device=self.device)
         return torch.where(seen, zero, blocked)[:, None]
