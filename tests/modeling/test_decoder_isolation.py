@@ -60,9 +60,11 @@ class Widths:
         self.handle.remove()
 
 
-def run(model, plan, token_budget=None):
-    """Decodes `plan`: (join at step, prompt, settings) entries; returns each row's committed tokens."""
+def run(model, plan, token_budget=None, before_read=False):
+    """Decodes `plan`: (join at step, prompt, settings) entries; returns each row's committed tokens. `before_read`:
+    the draws made before the step's read (an accelerator's way, `step_draws`), not after it (a CPU's)."""
     decoder = StreamingDecoder(model, MASK_ID, token_budget=token_budget)
+    decoder.draws_before_read = before_read
     rows, step = {}, 0
     pending = sorted(enumerate(plan), key=lambda item: item[1][0])
     while pending or decoder.busy:
@@ -74,12 +76,13 @@ def run(model, plan, token_budget=None):
     return [rows[i].generated for i in range(len(plan))]
 
 
-def alone(model, ids, make_settings):
-    return run(model, [(0, ids, make_settings())])[0]
+def alone(model, ids, make_settings, before_read=False):
+    return run(model, [(0, ids, make_settings())], before_read=before_read)[0]
 
 
+@pytest.mark.parametrize("before_read", [False, True], ids=["draws-after-read", "draws-before-read"])
 @pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
-def test_a_seeded_row_draws_the_same_tokens_alone_and_in_any_batch(model, lossless):
+def test_a_seeded_row_draws_the_same_tokens_alone_and_in_any_batch(model, lossless, before_read):
     """The row under test samples with its own generator; batches add greedy rows, rows sampling from the global
     RNG and other seeded rows, with other windows, prompt lengths, modes and join steps."""
     ids = prompt(9, seed=1)
@@ -87,9 +90,9 @@ def test_a_seeded_row_draws_the_same_tokens_alone_and_in_any_batch(model, lossle
     def mine():
         return settings(seeded(1234), window_size=6, lossless=lossless)
 
-    expected = alone(model, ids, mine)
+    expected = alone(model, ids, mine, before_read)
     assert len(expected) >= 10
-    assert expected != alone(model, ids, lambda: settings(seeded(99), window_size=6, lossless=lossless))
+    assert expected != alone(model, ids, lambda: settings(seeded(99), window_size=6, lossless=lossless), before_read)
     others = [
         (0, prompt(3, seed=2), settings(window_size=16)),
         (0, prompt(14, seed=3), settings(FillSampler(True), window_size=4, lossless=not lossless)),
@@ -100,7 +103,7 @@ def test_a_seeded_row_draws_the_same_tokens_alone_and_in_any_batch(model, lossle
     for join in (0, 3):
         for k in range(1, len(others) + 1):
             plan = others[:k] + [(join, ids, mine())]
-            assert run(model, plan)[-1] == expected, f"joined at step {join} with {k} other rows"
+            assert run(model, plan, before_read=before_read)[-1] == expected, f"joined at step {join} with {k} others"
 
 
 def test_seeded_rows_repeat_with_the_same_seed_in_one_batch(model):

@@ -19,6 +19,7 @@ from transformers import (
 )
 
 from wedlm_hf import WeDLMForCausalLM
+from wedlm_hf.modeling import streaming_decoder
 
 VOCAB, MASK = 5, 4
 PROMPT = [0, 1, 2, 3, 0]
@@ -77,7 +78,11 @@ def sample_counts(model, context_judged: list | None = None, **kwargs) -> dict:
     ],
     ids=["all-masks", "one-fill-top-k", "model-drafts-only", "context-drafts"],
 )
-def test_lossless_sampling_matches_ar_sampling(tiny_vocab_model, settings, monkeypatch):
+@pytest.mark.parametrize("before_read", [False, True], ids=["draws-after-read", "draws-before-read"])
+def test_lossless_sampling_matches_ar_sampling(tiny_vocab_model, settings, before_read, monkeypatch):
+    """Both ways of drawing: after the step's read, judged on the host (a CPU's), and before it, judged on the
+    device (an accelerator's, `step_draws`)."""
+    monkeypatch.setattr(streaming_decoder, "draws_before_read", lambda device: before_read)
     unfed = count_unfed_ends(monkeypatch)
     warpers = LogitsProcessorList([TemperatureLogitsWarper(settings["temperature"])])
     if "top_k" in settings:
@@ -119,9 +124,11 @@ def exact_ar_joint_in_context(model, processors) -> dict[tuple, float]:
     return joint
 
 
-def test_lossless_sampling_with_a_repetition_penalty_matches_ar_sampling(tiny_vocab_model):
+@pytest.mark.parametrize("before_read", [False, True], ids=["draws-after-read", "draws-before-read"])
+def test_lossless_sampling_with_a_repetition_penalty_matches_ar_sampling(tiny_vocab_model, before_read, monkeypatch):
     """A processor that reads the context is applied at each verified position with its real prefix: the samples
     fit AR sampling with the same penalty, and not AR sampling without it (the test can tell them apart)."""
+    monkeypatch.setattr(streaming_decoder, "draws_before_read", lambda device: before_read)
     settings = dict(wedlm_window_size=3, wedlm_entropy_threshold=1e9, temperature=0.9, repetition_penalty=3.0)
     temperature = LogitsProcessorList([TemperatureLogitsWarper(0.9)])
     expected = exact_ar_joint_in_context(

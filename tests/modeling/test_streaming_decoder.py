@@ -42,10 +42,13 @@ def test_a_step_reads_the_device_once(model64, static, lossless):
 
 @pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
 def test_a_sampled_step_reads_the_device_once(model64, lossless):
-    """Rows that sample, each with its own generator, draw their fills and have their drafts judged on the device:
-    the step still reads it once. A repetition penalty (which reads each slot's context) is drawn early in default
-    mode; a lossless row under one fills after its commit (it sees the final token), so it is left out here."""
+    """Rows that sample, each with its own generator, draw their fills and have their drafts judged on the device
+    before the step's read (as on an accelerator): the step still reads it once. A repetition penalty (which reads
+    each slot's context) is drawn early in default mode; a lossless row under one fills after its commit (it sees
+    the final token), so it is left out here."""
     decoder = StreamingDecoder(model64, MASK_ID)
+    assert not decoder.draws_before_read  # on a CPU, where a read is no synchronisation, draws follow it
+    decoder.draws_before_read = True  # as on an accelerator
     g = torch.Generator().manual_seed(0)
     for n, seed in zip((5, 9, 7), (1, 2, 3)):
         processors = [TemperatureLogitsWarper(0.9), TopKLogitsWarper(20)]

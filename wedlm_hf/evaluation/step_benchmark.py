@@ -17,6 +17,7 @@ Targets: WeDLM's step at most 1.3x AR's at batch 1 and 2x at batch 16, eager and
 step.
 """
 
+import contextlib
 import functools
 import json
 import time
@@ -24,7 +25,7 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..modeling import WeDLMConfig, WeDLMForCausalLM
+from ..modeling import WeDLMConfig, WeDLMForCausalLM, streaming_decoder
 from .benchmark import compiled_forward, swapped_forward
 
 STEP_MODEL = dict(
@@ -160,6 +161,17 @@ def _host_reads(runs: dict, lengths: dict) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _draws_before_read():
+    """Decoders made meanwhile draw before the step's read, whatever the device."""
+    original = streaming_decoder.draws_before_read
+    streaming_decoder.draws_before_read = lambda device: True
+    try:
+        yield
+    finally:
+        streaming_decoder.draws_before_read = original
+
+
 SAMPLED = {  # host reads only: seeded sampling with a temperature and top-k, default and lossless mode
     "WeDLM sampled": dict(do_sample=True, temperature=0.9, top_k=50),
     "lossless sampled": dict(do_sample=True, temperature=0.9, top_k=50, wedlm_lossless=True),
@@ -167,7 +179,8 @@ SAMPLED = {  # host reads only: seeded sampling with a temperature and top-k, de
 
 
 def _sampled_host_reads(model, prompts: torch.Tensor, window: int, lengths: tuple[int, int]) -> dict:
-    """name -> host reads per decoding step of sampled WeDLM decoding (`SAMPLED`), eager."""
+    """name -> host reads per decoding step of sampled WeDLM decoding (`SAMPLED`), eager, with the draws made
+    before the step's read as on an accelerator (`step_draws.draws_before_read`; a CPU draws after it)."""
     common = dict(eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts), strategy="wedlm")
     common |= dict(wedlm_window_size=window, wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
     out = {}
@@ -175,7 +188,7 @@ def _sampled_host_reads(model, prompts: torch.Tensor, window: int, lengths: tupl
         counts, forwards = [], []
         for tokens in lengths:
             torch.manual_seed(0)
-            with HostReads() as reads:
+            with HostReads() as reads, _draws_before_read():
                 result = model.generate(prompts, max_new_tokens=tokens, **common, **sampling)
             counts.append(reads.count)
             forwards.append(max(s.forwards for s in result.wedlm_stats))

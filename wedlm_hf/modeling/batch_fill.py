@@ -2,14 +2,16 @@
 
 The device computes, for every mask column of the batch at once, the entropy the rule needs and the greedy token;
 the host reads both in the step's one transfer (`step_readout`) and applies the rule (`window_filling.choose_fills`,
-docs/algorithm.md section 3.d) row by row, on a few floats per row. Per-row work on the device is left to what
-differs by row: a sampled row's draws (rows that share a sampler draw together, each row's in slot order, so what a
-row draws never depends on the other rows).
+docs/algorithm.md section 3.d) row by row, on a few floats per row. A row with its own draw takes the token drawn
+at that mask before the read (`step_draws`); only a grammar row, and a lossless row under a context-reading
+processor, draw here, after the commit (rows that share a sampler draw together, each row's in slot order, so what
+a row draws never depends on the other rows).
 """
 
 import torch
 
 from .decoding_state import DecodingRow, Fill
+from .step_draws import chosen_distributions
 from .step_feed import open_masks
 from .step_readout import StepReadout
 from .window_filling import choose_fills
@@ -47,6 +49,7 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
         return
     drawn = _draw(rows, readout.scores, [key for key in chosen if key not in early], slots)
     drawn |= {key: early[key] for key in chosen if key in early}
+    chosen_distributions(drawn, chosen)
     for b, c in chosen:
         token, q = drawn[b, c]
         rows[b].window[slots[b, c]] = Fill(token, q=q)

@@ -7,6 +7,8 @@ probability min(1, p/q) and otherwise draws from the normalised max(0, p - q) (s
 output is distributed exactly as plain AR decoding with the same logits processors (docs/algorithm.md section 6).
 """
 
+import torch
+
 from .window_filling import FillSampler
 
 
@@ -69,9 +71,56 @@ class ArPredictions:
 
 def greedy_predictions(rows: list, ar_rows: dict[int, list[int]], top: list | None) -> dict:
     """`ArPredictions` for the lossless rows whose AR choice is the plain argmax, from `top` (the step's readout:
-    per row, the argmax of every logits column); the others' come with the readout (`step_draws`)."""
+    per row, the argmax of every logits column)."""
     argmax = [b for b in ar_rows if rows[b].settings.lossless and not rows[b].settings.sampler.own_choice]
     return {b: ArPredictions(rows[b].settings.sampler, [int(top[b][c]) for c in ar_rows[b]]) for b in argmax}
+
+
+def sampler_blocks(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int]]):
+    """For the lossless rows whose AR choice is their sampler's own (a draw, or processors): per sampler, its rows,
+    their AR position counts, and their AR logits processed as one block. A context-reading processor sees, at each
+    position, the committed text and the window's drafts before it: the real prefix AR `generate` would have there,
+    so verification stays exact."""
+    groups: dict[int, list[int]] = {}
+    for b in ar_rows:
+        if rows[b].settings.lossless and rows[b].settings.sampler.own_choice:
+            groups.setdefault(id(rows[b].settings.sampler), []).append(b)
+    for members in groups.values():
+        sampler = rows[members[0]].settings.sampler
+        index = [(b, c) for b in members for c in ar_rows[b]]
+        block = logits[device_index([b for b, _ in index], logits), device_index([c for _, c in index], logits)]
+        contexts = None
+        if sampler.reads_context:  # row j predicts window slot j (a joining row) or j + 1 (one with a final token)
+            contexts = []
+            for b in members:
+                shift = 1 if rows[b].prefilled else 0
+                contexts += rows[b].contexts([j + shift for j in range(len(ar_rows[b]))], logits.device)
+        scores = sampler.probabilities(block, contexts) if sampler.do_sample else sampler(block, contexts)
+        yield members, [len(ar_rows[b]) for b in members], sampler, scores
+
+
+def host_predictions(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int]]) -> dict:
+    """`ArPredictions` of the lossless rows with their sampler's own choice, judged on the host after the step's
+    read (a CPU, where reads cost no synchronisation): the processed argmax, or the distributions with one fresh
+    draw and one uniform per position, read here; a residual is drawn only where a draft is rejected."""
+    predictions = {}
+    for members, sizes, sampler, scores in sampler_blocks(rows, logits, ar_rows):
+        if not sampler.do_sample:
+            for b, tokens in zip(members, split_sizes(scores.tolist(), sizes)):
+                predictions[b] = ArPredictions(sampler, tokens)
+            continue
+        fresh = sampler.draw(scores).tolist()
+        uniforms = torch.rand(len(fresh), generator=sampler.generator, device=scores.device).tolist()
+        parts = zip(scores.split(sizes), split_sizes(fresh, sizes), split_sizes(uniforms, sizes))
+        for b, (p, f, u) in zip(members, parts):
+            predictions[b] = ArPredictions(sampler, f, p, u)
+    return predictions
+
+
+def device_index(values: list[int], like: torch.Tensor) -> torch.Tensor:
+    """Indices as a tensor on `like`'s device, copied without waiting for the work queued there (indexing by a
+    list would: its copy synchronises)."""
+    return torch.tensor(values, dtype=torch.long).to(like.device, non_blocking=True)
 
 
 def split_sizes(values: list, sizes: list[int]) -> list[list]:

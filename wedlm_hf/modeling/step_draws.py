@@ -20,9 +20,17 @@ from collections.abc import Callable
 import torch
 
 from .decoding_state import DecodingRow
-from .draft_verification import ArPredictions, split_sizes
+from .draft_verification import ArPredictions, device_index, sampler_blocks, split_sizes
 
 Pending = tuple[list[torch.Tensor], Callable[[list[list[float]]], dict]]  # tensors to read; what their values give
+
+
+def draws_before_read(device) -> bool:
+    """Whether a step on `device` makes its draws before its one read: where a read is a synchronisation (an
+    accelerator). On a CPU a read costs no more than its copy, while drawing at every fed mask costs sampling work at
+    masks the rule does not fill: there the draws follow the read, only where the rule fills, and the verdicts are
+    judged on the host (`draft_verification.host_predictions`). Both are exact."""
+    return torch.device(device).type != "cpu"
 
 
 def own_draw(row: DecodingRow) -> bool:
@@ -52,29 +60,16 @@ def _groups(rows: list[DecodingRow], members) -> list[list[int]]:
 
 
 def verification_draws(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, runs: list[int]) -> Pending:
-    """For the lossless rows whose AR choice is not the plain argmax: per sampler, the processed argmax, or AR's
-    fresh draw at each of the row's AR positions and each draft's verdict (see `ArPredictions`). A context-reading
-    processor sees, at each position, the committed text and the window's drafts before it: the real prefix AR
-    `generate` would have there, so verification stays exact."""
+    """For the lossless rows whose AR choice is their sampler's own: per sampler (`sampler_blocks`), the processed
+    argmax, or AR's fresh draw at each of the row's AR positions and each draft's verdict (see `ArPredictions`)."""
     tensors, plans = [], []
-    checked = [b for b in ar_rows if rows[b].settings.lossless and own_draw(rows[b])]
-    for members in _groups(rows, checked):
-        sampler = rows[members[0]].settings.sampler
-        sizes = [len(ar_rows[b]) for b in members]
-        block = logits[[b for b in members for _ in ar_rows[b]], [c for b in members for c in ar_rows[b]]]
-        contexts = None
-        if sampler.reads_context:  # row j predicts window slot j (a joining row) or j + 1 (one with a final token)
-            contexts = []
-            for b in members:
-                shift = 1 if rows[b].prefilled else 0
-                contexts += rows[b].contexts([j + shift for j in range(len(ar_rows[b]))], logits.device)
+    for members, sizes, sampler, scores in sampler_blocks(rows, logits, ar_rows):
         if not sampler.do_sample:
-            tensors.append(sampler(block, contexts))
+            tensors.append(scores)
             plans.append((members, sizes, None))
             continue
-        probs = sampler.probabilities(block, contexts)
         drafts = [_judged(rows[b], j, runs[b]) for b in members for j in range(len(ar_rows[b]))]
-        tensors += [sampler.draw(probs), *draft_verdicts(sampler, probs, drafts)]
+        tensors += [sampler.draw(scores), *draft_verdicts(sampler, scores, drafts)]
         plans.append((members, sizes, drafts))
 
     def finish(values: list[list[float]]) -> dict:
@@ -117,16 +112,17 @@ def draft_verdicts(sampler, probs: torch.Tensor, drafts: list) -> list[torch.Ten
     residual = torch.zeros(count, dtype=torch.long, device=probs.device)
     judged = [i for i, d in enumerate(drafts) if d is not None]
     if judged:
-        index = torch.tensor(judged, device=probs.device)
-        tokens = torch.tensor([drafts[i].token for i in judged], device=probs.device)
+        index = device_index(judged, probs)
+        tokens = device_index([drafts[i].token for i in judged], probs)
         p = probs[index]
         q = torch.zeros_like(p)
         point = [k for k, i in enumerate(judged) if drafts[i].source in ("context", "forced") or drafts[i].guess]
         drawn = sorted(set(range(len(judged))) - set(point))
         if drawn:
-            q[drawn] = torch.stack([drafts[judged[k]].q for k in drawn]).to(p.dtype)
+            q[device_index(drawn, p)] = torch.stack([drafts[judged[k]].q for k in drawn]).to(p.dtype)
         if point:
-            q[point, tokens[point]] = 1.0
+            at = device_index(point, p)
+            q[at, tokens[at]] = 1.0
         uniforms = torch.rand(len(judged), generator=sampler.generator, device=probs.device)
         at = tokens[:, None]
         kept[index] = (uniforms * q.gather(1, at)[:, 0] < p.gather(1, at)[:, 0]).float()
@@ -147,7 +143,7 @@ def fill_draws(rows: list[DecodingRow], scores: torch.Tensor, masks: list[list[i
     for members in _groups(rows, early):
         sampler = rows[members[0]].settings.sampler
         columns = [(b, c) for b in members for c in range(n_masks - len(masks[b]), n_masks)]
-        block = scores[[b for b, _ in columns], [c for _, c in columns]]
+        block = scores[device_index([b for b, _ in columns], scores), device_index([c for _, c in columns], scores)]
         contexts = None
         if sampler.reads_context:
             contexts = []
@@ -164,7 +160,21 @@ def fill_draws(rows: list[DecodingRow], scores: torch.Tensor, masks: list[list[i
         for columns, probs in plans:
             for i, ((b, c), token) in enumerate(zip(columns, values.pop(0))):
                 keep = probs is not None and rows[b].settings.lossless
-                drawn[b, c] = (int(token), probs[i] if keep else None)
+                drawn[b, c] = (int(token), (probs, i) if keep else None)
         return drawn
 
     return tensors, finish
+
+
+def chosen_distributions(drawn: dict, chosen: list) -> None:
+    """Gives the `chosen` fills drawn early their q: the rows of their blocks (every fed mask's distribution) that
+    they were drawn from, gathered once per block so that a kept draft holds its own distribution, not the block."""
+    blocks: dict[int, tuple] = {}
+    for key in chosen:
+        q = drawn[key][1]
+        if isinstance(q, tuple):
+            blocks.setdefault(id(q[0]), (q[0], []))[1].append(key)
+    for block, keys in blocks.values():
+        kept = block.index_select(0, device_index([drawn[key][1][1] for key in keys], block))
+        for j, key in enumerate(keys):
+            drawn[key] = (drawn[key][0], kept[j])

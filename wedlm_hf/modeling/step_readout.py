@@ -47,9 +47,9 @@ def read_step(
     masks: list[list[int]] | None = None,
 ) -> StepReadout:
     """The readout of a forward's `logits` (batch, columns, vocab), whose last `n_masks` columns are masks;
-    `ar_rows`: each row's AR columns. With the feed's `runs` (each row's leading run), the lossless rows that
-    sample are judged in the same read, and with its `masks` (each row's fed mask positions) the fills of rows
-    with their own draw are drawn (`step_draws`)."""
+    `ar_rows`: each row's AR columns. With the feed's `runs` (each row's leading run), the lossless rows with
+    their sampler's own choice are judged in the same read, and with its `masks` (each row's fed mask positions)
+    the fills of rows with their own draw are drawn (`step_draws`); without, both come after the read."""
     out, parts = StepReadout(), []
     filling = [row for row in rows if not row.done]
     greedy_fills = any(not own_draw(row) for row in filling)

@@ -29,9 +29,10 @@ from .batch_fill import fill_masks
 from .commit_rules import commit, commit_ending
 from .decoding_cache import DecodingCache
 from .decoding_state import DecodingRow, DecodingSettings, Fill
-from .draft_verification import greedy_predictions
+from .draft_verification import greedy_predictions, host_predictions
 from .grammar_hook import MAX_FORCED, constrain_window, restrict_to_grammar
 from .ragged_cache import RaggedCache
+from .step_draws import draws_before_read
 from .step_feed import StepFeed, build_feed, logit_columns, open_masks
 from .step_readout import StepReadout, read_step
 from .window_refill import refill
@@ -65,6 +66,7 @@ class StreamingDecoder:
         self.kv: DecodingCache = (
             cache if hasattr(cache, "keep_leading") else RaggedCache(model, 0, max_dead=16, cache=cache)
         )
+        self.draws_before_read = draws_before_read(self.kv.device)  # sampled rows' draws (`step_draws`)
         self.active: list[DecodingRow] = []
         self._joining: list[DecodingRow] = []
         self._count = 0
@@ -145,7 +147,8 @@ class StreamingDecoder:
         ar_rows = {b: [column[c] for c in cs] for b, cs in ar_columns.items()}
         for b, cs in ar_rows.items():
             _follow_ar_logits(rows[b], logits[b], cs, feed.starts[b], feed.runs[b], sparse.get(b))
-        readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows, feed.runs, feed.masks)
+        early = (feed.runs, feed.masks) if self.draws_before_read else (None, None)
+        readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows, *early)
         kept, stale = self._commit(rows, feed, logits, ar_rows, readout)
         self._fill(rows, feed, logits[:, len(columns) - feed.n_masks :], readout, stale)
         finished = [row for row in rows if row.done]
@@ -182,6 +185,8 @@ class StreamingDecoder:
         and every row's committed run. Returns the tokens each row committed and the rows whose mask fills are
         void (a failed guess under a grammar: every mask saw it)."""
         predictions = greedy_predictions(rows, ar_rows, readout.ar_top) | readout.predictions
+        if not self.draws_before_read:
+            predictions |= host_predictions(rows, logits, ar_rows)
         kept, stale = [], set()
         for b, row in enumerate(rows):
             count, failed = commit(row, feed.runs[b], predictions.get(b)) if feed.decodes[b] else (0, False)
