@@ -33,7 +33,10 @@ def without_ending_commit(monkeypatch):
     ],
     ids=["stop-token", "budget", "sampled"],
 )
-def test_each_row_saves_its_last_forward(model64, monkeypatch, settings):
+@pytest.mark.parametrize("before_read", [False, True], ids=["draws-after-read", "draws-before-read"])
+def test_each_row_saves_its_last_forward(model64, monkeypatch, settings, before_read):
+    """With the draws before the step's read too: a row that ends in a step draws no fills there."""
+    monkeypatch.setattr(streaming_decoder, "draws_before_read", lambda device: before_read)
     ids, mask = prompts(4)
     torch.manual_seed(0)
     sequences, forwards = decode(model64, ids, mask, **settings)

@@ -44,7 +44,7 @@ def test_the_context_source_places_a_copy_and_then_wants_no_masks():
 
 def test_verdicts_reach_the_source_whose_drafts_were_checked():
     """The model's fills and grammar-constrained drafts are the model source's, copies the context source's; a
-    grammar's forced tokens belong to no source. A rejected copy leaves the model window as it was."""
+    grammar's forced tokens belong to no source. A rejected copy does not shrink the model window."""
     row = row_with([], lossless=True, window_size=12)
     row.model_window.held, row.model_window.size = True, 4
     report_verdicts(row, {"model": 1, "constrained": 1, "context": 1, "forced": 5}, rejected_kind="context")

@@ -9,10 +9,11 @@ computed on the device for the whole batch, and only its outcome travels with th
 - fills (`fill_draws`): a draw at every fed mask of a row with its own draw (sampling, or processors that change
   its greedy choice), from which the fill rule then keeps the masks it fills.
 
-Rows that share a sampler draw together; a row's draws depend only on its own state, never on the other rows'.
-Drawing every mask and every residual costs random numbers no host-side walk would use, never a read. Left to the
-host, after the commit: a grammar row's fills (its grammar walks the window first) and a lossless row's fills under
-a processor that reads the context (the fills see the final token the commit places).
+Rows that share a sampler draw together; a row with a generator of its own draws the same tokens alone or in any
+batch. Drawing every mask and every residual costs random numbers no host-side walk would use, never a read. Left to
+the host, after the commit: a grammar row's fills (its grammar walks the window first) and a lossless row's fills
+under a processor that reads the context (the fills see the final token the commit places). Only where a read is a
+synchronisation (`draws_before_read`): on a CPU every draw follows the read.
 """
 
 from collections.abc import Callable
