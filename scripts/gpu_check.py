@@ -10,7 +10,9 @@
     the targets PASS/FAIL;
 (e) `wedlm-hf bench-lossless --device cuda`, eager and then with the compiled decoders (generate's own compile:
     CUDA graphs), on the shipped model in float32 (lossless output must be AR's, token for token).
-`--parts` picks parts (default abcd; e takes about as long as the others together).
+(f) a sampled WeDLM step's synchronisations (torch's sync debug mode), default and lossless mode, rows with their
+    own generators, draws before the read (`scripts/step_syncs.py`): the target is one.
+`--parts` picks parts (default abcdf; e takes about as long as the others together).
 
 `--cpu` is the dry run: tiny sizes, CPU, float32, eager attention standing in for flash-attention-2, and dynamo's
 "eager" backend standing in for inductor + CUDA graphs.
@@ -28,6 +30,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from step_syncs import sampled_step_syncs
 
 import wedlm_hf
 from wedlm_hf import WeDLMConfig, WeDLMForCausalLM, default_model_path
@@ -410,13 +413,13 @@ def run_part(name: str, failures: list[str], fn, *args, **kwargs):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="dry run: tiny sizes, CPU, float32")
-    parser.add_argument("--parts", default="abcd", help="the parts to run, e.g. abcd or e (default: abcd)")
+    parser.add_argument("--parts", default="abcdf", help="the parts to run, e.g. abcdf or e (default: abcdf)")
     parser.add_argument("--json-dir", default=None, help="(e) writes its measurements here as JSON (default: none)")
     parser.add_argument("--deadline", type=float, help="seconds after which (d) starts no row (default 390, dry 300)")
     args = parser.parse_args()
     cpu, parts = args.cpu, set(args.parts)
-    if not parts or not parts <= set("abcde"):
-        parser.error(f"--parts {args.parts}: give letters among a, b, c, d and e, e.g. --parts abcd")
+    if not parts or not parts <= set("abcdef"):
+        parser.error(f"--parts {args.parts}: give letters among a, b, c, d, e and f, e.g. --parts abcdf")
     device, dtype = ("cpu", torch.float32) if cpu else ("cuda", torch.bfloat16)
     if not cpu and not torch.cuda.is_available():
         print("gpu_check: torch sees no CUDA device; run with --cpu for the dry run.", file=sys.stderr)
@@ -478,6 +481,10 @@ def main() -> int:
             batches, tokens = (1, 16), dict(ar_tokens=(64, 16), wedlm_tokens=(128, 32))
             run_part("(d)", failures, decode_speed, model, batches, **tokens, **speed, deadline=deadline)
     del model
+
+    if "f" in parts:
+        section(f"(f) synchronisations of a sampled WeDLM step, draws before the read, {device}")
+        run_part("(f)", failures, sampled_step_syncs, device, dtype)
 
     if "e" in parts:
         section(f"(e) wedlm-hf bench-lossless on {device}, float32, the shipped model: eager, then compiled")

@@ -8,12 +8,13 @@
 #       acceptance: wedlm_entropy_threshold=1e9, no eos), each static+compiled (cache_implementation="static",
 #       transformers' default compile: CUDA graphs) and eager (DynamicCache), the memory bound (weight bytes / measured
 #       copy bandwidth), and the targets with PASS/FAIL. Rows not started by 6.5 minutes are skipped, with a line;
-#   (e) only when asked (--parts e): `wedlm-hf bench-lossless --device cuda`, eager, then with compiled decoders.
+#   (e) only when asked (--parts e): `wedlm-hf bench-lossless --device cuda`, eager, then with compiled decoders;
+#   (f) a sampled WeDLM step's synchronisations (torch's sync debug mode), default and lossless: target one.
 # A part that fails prints `PART (x) FAILED: <error>` and the next part runs; a failed part (not a missed target)
 # makes the exit status 1.
 # On a machine without network: run scripts/gpu_wheels.sh where there is one, and bring the .whl/ folder along;
 # this script installs from it only the wheels whose package is missing or older there (into /tmp/site).
-# Usage: scripts/gpu_check.sh [--parts abcde] [--json-dir DIR]   on the GPU machine, from a checkout with .whl/
+# Usage: scripts/gpu_check.sh [--parts abcdef] [--json-dir DIR]   on the GPU machine, from a checkout with .whl/
 #        scripts/gpu_check.sh --cpu [--parts ...]   dry run on the CPU: tiny sizes, float32, dynamo's eager backend,
 #                                                   no wheel install
 set -euo pipefail

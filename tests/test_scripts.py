@@ -96,6 +96,8 @@ def test_gpu_check_cpu_dry_run():
             if "compiled" in path:
                 assert re.search(rf"^{re.escape(path)}, batch {batch}: warm-up \S+, [1-9]\d* graph", out, re.M)
     assert len(re.findall(r"^target: .*: \d+\.\d+x (PASS|FAIL)$", out, re.M)) == 3
+    # (f): sampled steps of both modes read the device once (on the CPU, counted at the Python level)
+    assert len(re.findall(r"^sampled (default|lossless) mode, .*: host reads per step \[(1, )*1\]", out, re.M)) == 2
 
 
 def test_gpu_check_runs_only_the_parts_asked_for(tmp_path):
@@ -112,7 +114,7 @@ def test_gpu_check_runs_only_the_parts_asked_for(tmp_path):
 
 def test_gpu_check_refuses_unknown_parts():
     result = dry_run("--parts", "ax", timeout=120)
-    assert result.returncode == 2 and "--parts ax: give letters among a, b, c, d and e" in result.stderr
+    assert result.returncode == 2 and "--parts ax: give letters among a, b, c, d, e and f" in result.stderr
 
 
 def test_gpu_check_without_wheels_says_what_to_do(tmp_path):
