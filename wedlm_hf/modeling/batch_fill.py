@@ -2,10 +2,10 @@
 
 The device computes, for every mask column of the batch at once, the entropy the rule needs and the greedy token;
 the host reads both in the step's one transfer (`step_readout`) and applies the rule (`window_filling.choose_fills`,
-docs/algorithm.md section 3.d) row by row, on a few floats per row. A row with its own draw takes the token drawn
-at that mask before the read (`step_draws`); only a grammar row, and a lossless row under a context-reading
-processor, draw here, after the commit (rows that share a sampler draw together, each row's in slot order, so what
-a row draws never depends on the other rows).
+docs/algorithm.md section 3.d) row by row, on a few floats per row. A row with its own draw draws here, after the
+commit, at the masks the rule fills (rows that share a sampler draw together, each row's in slot order), except
+where the step drew before its read (an accelerator, `step_draws`): there a row takes the token drawn at that
+mask, and only a grammar row, and a lossless row under a context-reading processor, still draw here.
 """
 
 import torch
@@ -63,9 +63,8 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
 def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int]], slots: dict) -> dict:
     """(row, column) -> (token, the distribution it was drawn from where a lossless row needs it) for the
     chosen (row, column) masks (at window slots `slots[row, column]`) of rows with their own draw; rows sharing one
-    sampler draw together,
-    in `chosen`'s order. A context-reading processor sees, at each mask, the committed text and the window's
-    filled slots before it, up to the first mask (exact for the leftmost mask; docs/usage.md)."""
+    sampler draw together, in `chosen`'s order. A context-reading processor sees, at each mask, the committed text
+    and the window's filled slots before it, up to the first mask (exact for the leftmost mask; docs/usage.md)."""
     groups: dict[int, list[int]] = {}
     for k, (b, _) in enumerate(chosen):
         groups.setdefault(id(rows[b].settings.sampler), []).append(k)
