@@ -10,12 +10,19 @@ MASK = 99
 
 
 class Widths:
-    """A cache stand-in: feeds are as wide as the widest row, on the CPU."""
+    """A cache stand-in: feeds are as wide as the widest row, on the CPU; its rows are the active rows in order, or
+    `height` rows with active row b in row `places[b]` (as a static cache's slots)."""
 
     device = torch.device("cpu")
 
+    def __init__(self, rows: int = 1, height: int | None = None, places: list[int] | None = None):
+        self.layout = (rows, None) if places is None else (height, places)
+
     def feed_width(self, width: int, prefill: bool) -> int:
         return width
+
+    def feed_layout(self):
+        return self.layout
 
 
 def row(prompt, window, fed=None, **settings) -> DecodingRow:
@@ -28,7 +35,7 @@ def row(prompt, window, fed=None, **settings) -> DecodingRow:
 def test_filled_slots_come_first_then_padding_then_masks_at_their_positions():
     decoding = row([1, 2, 3], [Fill(7), None, Fill(8), None])  # committed length 3: slots at positions 3..6
     joining = row([4, 5, 6, 7, 8], [None, None], fed=0)
-    feed = build_feed([decoding, joining], Widths(), MASK, cap=None)
+    feed = build_feed([decoding, joining], Widths(2), MASK, cap=None)
     assert feed.width == 7 and feed.n_masks == 2 and feed.prefill
     assert feed.ids.tolist() == [[7, 8, MASK, MASK, MASK, MASK, MASK], [4, 5, 6, 7, 8, MASK, MASK]]
     assert feed.positions.tolist() == [[3, 5, 0, 0, 0, 4, 6], [0, 1, 2, 3, 4, 5, 6]]
@@ -43,6 +50,19 @@ def test_filled_slots_come_first_then_padding_then_masks_at_their_positions():
     # After a commit of the leading run, the masks fed are still open at their new slots.
     decoding.commit(1)
     assert open_masks(decoding, feed.masks[0], feed.n_masks) == [(0, 0), (1, 2)]
+
+
+def test_a_feed_takes_the_rows_the_cache_lays_out():
+    """Where the cache feeds its own rows (a static cache's slots), each active row is in its place and the others
+    are padding: masks at position 0, none of them real."""
+    first = row([1, 2, 3], [Fill(7), None])
+    second = row([4, 5], [None])
+    feed = build_feed([first, second], Widths(height=4, places=[2, 0]), MASK, cap=None)
+    assert feed.width == 2 and feed.counts == [2, 1]
+    assert feed.ids.tolist() == [[MASK, MASK], [MASK, MASK], [7, MASK], [MASK, MASK]]
+    assert feed.positions.tolist() == [[0, 2], [0, 0], [3, 4], [0, 0]]
+    assert feed.valid.tolist() == [[False, True], [False, False], [True, True], [False, False]]
+    assert feed.masks == [[4], [2]] and feed.n_masks == 1
 
 
 def test_a_long_prompt_under_a_cap_feeds_a_chunk_without_its_window():

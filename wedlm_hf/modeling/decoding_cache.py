@@ -18,6 +18,10 @@ class DecodingCache(Protocol):
     def feed_width(self, width: int, prefill: bool) -> int:
         """The width a step feeds, for a widest row of `width` tokens (a static cache buckets it)."""
 
+    def feed_layout(self) -> tuple[int, list[int] | None]:
+        """The rows a step's feed has, and the feed row of each active row; None: the active rows in order, no
+        others (a static cache feeds its slots, free ones as padding)."""
+
     def add_rows(self, count: int) -> None:
         """`count` rows join at the end of the active list, with nothing cached."""
 
@@ -25,8 +29,9 @@ class DecodingCache(Protocol):
         """Rows that just joined take cached K/V of their prompt's first tokens: per row, per layer (heads, n, dim)."""
 
     def forward(self, input_ids, position_ids, new_valid, columns: list[int], prefill: bool, counts: list[int]):
-        """Runs the model on the step's feed (rows, width) on top of the cache; returns the logits of `columns`
-        (ascending). `new_valid` marks real tokens (not padding), `counts` how many each row has."""
+        """Runs the model on the step's feed (laid out as `feed_layout` says, `feed_width` wide) on top of the cache;
+        returns the active rows' logits of `columns` (ascending). `new_valid` marks real tokens (not padding),
+        `counts` how many each active row has."""
 
     def keep_leading(self, fed: int, keep: list[int]) -> None:
         """Of the `fed` columns the last forward appended, row b keeps its first keep[b]."""

@@ -46,6 +46,9 @@ class RaggedCache:
         """Feeds are exactly as wide as the widest row (the static `SlotCache` buckets them)."""
         return width
 
+    def feed_layout(self) -> tuple[int, None]:
+        return len(self.counts), None
+
     @property
     def length(self) -> int:
         return self.valid.shape[1]

@@ -104,10 +104,14 @@ class SlotCache(Cache):
         self.device = model.device
         self.lengths = [0] * slots  # committed columns per slot
         self.slot_of: list[int] = []  # the slot of each active row, in the decoder's row order
+        self._slots: torch.Tensor | None = None  # `slot_of` on the device, where it is not 0, 1, 2, ... (`_placed`)
         self.write_index: torch.Tensor | None = None  # (fed slots, width): where this step's tokens go
         self.keys_length = columns  # the columns this step attends over
         self._cache_kwarg, self._keeps_logits = forward_arguments(model)
         self._arange = torch.arange(columns, device=model.device)
+        # The mask's two values, made once: `model.dtype` walks the parameters, a cost per step on a large model.
+        self._seen = torch.zeros((), dtype=model.dtype, device=model.device)
+        self._blocked = torch.tensor(torch.finfo(model.dtype).min, dtype=model.dtype, device=model.device)
         # On a CPU every row fed costs its share of the matrix products, so widths take finer buckets; on a GPU a
         # few rows more cost next to nothing, and each shape more is a graph to compile and capture.
         self.fine_widths = self.device.type == "cpu"
@@ -136,6 +140,10 @@ class SlotCache(Cache):
             return round_up(width, PREFILL_STEP)
         return bucket(width, fine=self.fine_widths)
 
+    def feed_layout(self) -> tuple[int, list[int]]:
+        """A step feeds the first bucket(highest occupied slot + 1) slots, each active row in its own."""
+        return bucket(max(self.slot_of) + 1, self.slots), self.slot_of
+
     def add_rows(self, count: int) -> None:
         free = sorted(set(range(self.slots)) - set(self.slot_of))
         if count > len(free):
@@ -146,6 +154,7 @@ class SlotCache(Cache):
         for slot in free[:count]:
             self.lengths[slot] = 0
             self.slot_of.append(slot)
+        self._placed()
 
     def load_prefixes(self, prefixes: dict[int, list]) -> None:
         """Writes each given row's per-layer (heads, n, head_dim) K/V as its first n committed columns."""
@@ -165,25 +174,24 @@ class SlotCache(Cache):
         prefill: bool = False,
         counts: list[int] | None = None,
     ) -> torch.Tensor:
-        """Runs the active rows' feeds (rows in decoder order, all `feed_width` wide); returns the logits of the
-        given columns (ascending), computing no others where the model allows. A step that prefills a prompt runs
-        the model uncompiled. `counts`: each row's real tokens (read from `new_valid` when not given)."""
+        """Runs a step's feed, one row per slot of the first `feed_layout()[0]` (free ones padding), all
+        `feed_width` wide; returns the active rows' logits (in decoder order) of the given columns (ascending),
+        computing no others where the model allows. A step that prefills a prompt runs the model uncompiled.
+        `counts`: each active row's real tokens (read from `new_valid` when not given)."""
         rows, width = input_ids.shape
-        counts = new_valid.sum(1).tolist() if counts is None else counts
+        counts = new_valid[self.slot_of].sum(1).tolist() if counts is None else counts
         extent = max(self.lengths[slot] + n for slot, n in zip(self.slot_of, counts))
         if extent > self.max_length:
             raise RuntimeError(
                 f"The static cache holds {self.max_length} tokens per row, and this step would take a row to "
                 f"{extent}: make the cache longer (max_cache_len) or generate fewer tokens."
             )
-        fed = bucket(max(self.slot_of) + 1, self.slots)
-        slots = torch.tensor(self.slot_of, device=self.device)
-        ids = input_ids.new_zeros((fed, width)).index_copy_(0, slots, input_ids)
-        pos = position_ids.new_zeros((fed, width)).index_copy_(0, slots, position_ids)
-        valid = new_valid.new_zeros((fed, width)).index_copy_(0, slots, new_valid)
+        fed, _ = self.feed_layout()
+        if rows != fed:
+            raise ValueError(f"A step on this cache feeds its first {fed} slots (`feed_layout`), not {rows} rows.")
         start = torch.tensor(self.lengths[:fed], device=self.device)
-        rank = valid.long().cumsum(1) - 1  # a real token's place among the row's real tokens
-        self.write_index = torch.where(valid, start[:, None] + rank, self.max_length)
+        rank = new_valid.long().cumsum(1) - 1  # a real token's place among the row's real tokens
+        self.write_index = torch.where(new_valid, start[:, None] + rank, self.max_length)
         self.keys_length = min(round_up(extent, KEYS_STEP), self.max_length + 1)
         mask = self._attention_mask(start, rank)
 
@@ -193,13 +201,16 @@ class SlotCache(Cache):
             kwargs["logits_to_keep"] = torch.tensor(columns + [columns[-1]] * (keep - len(columns)), device=self.device)
         call = self.model if self.compiled is None or prefill else self.compiled
         logits = call(
-            input_ids=ids,
-            position_ids=pos,
+            input_ids=input_ids,
+            position_ids=position_ids,
             attention_mask=mask,  # 4D: used as it is
             use_cache=True,
             **kwargs,
         ).logits
-        logits = logits.index_select(0, slots)
+        if self._slots is not None:  # the active rows' slots, where they are not the first ones in order
+            logits = logits.index_select(0, self._slots)
+        elif fed > len(self.slot_of):
+            logits = logits[: len(self.slot_of)]
         return logits[:, : len(columns)] if self._keeps_logits else logits[:, columns]
 
     def keep_leading(self, fed: int, keep: list[int]) -> None:
@@ -213,6 +224,13 @@ class SlotCache(Cache):
         for slot in set(self.slot_of) - set(kept):
             self.lengths[slot] = 0
         self.slot_of = kept
+        self._placed()
+
+    def _placed(self) -> None:
+        """After rows join or leave: the index that picks the active rows' logits out of a step's slots, None where
+        they are the first slots in order (a slice)."""
+        ordered = self.slot_of == list(range(len(self.slot_of)))
+        self._slots = None if ordered else torch.tensor(self.slot_of, device=self.device)
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The committed K/V of one row, per layer, as (heads, tokens, head_dim) tensors."""
@@ -230,6 +248,4 @@ class SlotCache(Cache):
         offset = self._arange[None, : self.keys_length] - start[:, None]  # column - length: the rank it holds
         # A committed column (offset < 0) is seen by every query, as rank >= -1; a written one up to the query's.
         seen = offset[:, None, :] <= rank[:, :, None]
-        zero = torch.zeros((), dtype=self.model.dtype, device=self.device)
-        blocked = torch.tensor(torch.finfo(self.model.dtype).min, dtype=self.model.dtype, device=self.device)
-        return torch.where(seen, zero, blocked)[:, None]
+        return torch.where(seen, self._seen, self._blocked)[:, None]

@@ -18,7 +18,9 @@ from .grammar_hook import logit_slots
 
 @dataclass
 class StepFeed:
-    """One step's feed. `starts[b]`: prompt tokens row b feeds (where its filled slots begin); `decodes[b]`: whether
+    """One step's feed. `ids`, `positions`, `valid`: (feed rows, width), laid out as the cache asks
+    (`feed_layout`: a static cache's free slots are rows of padding); the per-row lists are by active row.
+    `starts[b]`: prompt tokens row b feeds (where its filled slots begin); `decodes[b]`: whether
     its window is fed (a decoding row, or a joining prompt's last chunk); `filled[b]`: its filled slots fed;
     `masks[b]`: the logical positions of its masks fed, right-aligned in the step's last `n_masks` columns;
     `runs[b]`: its leading run of filled slots; `counts[b]`: its real (not padding) tokens."""
@@ -68,13 +70,24 @@ def build_feed(rows: list[DecodingRow], kv, mask_token_id: int, cap: int | None)
     counts = [start + n + len(m) for start, n, m in zip(starts, filled, masks)]
     prefill = any(starts)
     width = kv.feed_width(max(counts), prefill)
+    height, places = kv.feed_layout()
+    order = list(range(len(rows))) if places is None else [None] * height  # the row each feed row holds
+    if places is not None:
+        for b, place in enumerate(places):
+            order[place] = b
     ids, positions, valid = array("q"), array("q"), array("q")  # one buffer, one tensor, one transfer
-    for row, start, count, (fills, fill_positions), mask_positions in zip(rows, starts, counts, tokens, masks):
-        fed, gap = row.prompt_fed, width - count
+    for b in order:
+        if b is None:  # a row of the cache's that no active row holds: all padding
+            ids.extend([mask_token_id] * width)
+            positions.extend([0] * width)
+            valid.extend([0] * width)
+            continue
+        row, start, (fills, fill_positions), mask_positions = rows[b], starts[b], tokens[b], masks[b]
+        fed, gap = row.prompt_fed, width - counts[b]
         ids.extend(row.prompt[fed : fed + start] + fills + [mask_token_id] * (gap + len(mask_positions)))
         positions.extend([*range(fed, fed + start), *fill_positions, *[0] * gap, *mask_positions])
         valid.extend([1] * (start + len(fills)) + [0] * gap + [1] * len(mask_positions))
-    data = torch.frombuffer(ids + positions + valid, dtype=torch.int64).view(3, len(rows), width)
+    data = torch.frombuffer(ids + positions + valid, dtype=torch.int64).view(3, height, width)
     ids, positions, valid = data.to(kv.device, copy=True)  # a copy: the tensors outlive the buffer
     n_masks = max(len(m) for m in masks)
     return StepFeed(ids, positions, valid.bool(), starts, decodes, filled, masks, runs, counts, width, n_masks, prefill)
