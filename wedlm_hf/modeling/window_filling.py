@@ -27,7 +27,7 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
 def suppress_token(logits: torch.Tensor, token_id: int) -> torch.Tensor:
     """Float logits (at least float32) with `token_id` at -inf, so the mask token is never predicted."""
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits.clone()
-    logits[..., token_id] = float("-inf")
+    logits.select(-1, token_id).fill_(float("-inf"))  # what `logits[..., token_id] = ...` does, in fewer calls
     return logits
 
 
