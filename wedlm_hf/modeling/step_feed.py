@@ -51,8 +51,8 @@ def prompt_chunk(row: DecodingRow, cap: int | None) -> tuple[int, bool]:
 
 
 def build_feed(rows: list[DecodingRow], kv, mask_token_id: int, cap: int | None) -> StepFeed:
-    """The step's feed for `rows` on cache `kv` (which sets the width: `feed_width`); `cap`: the prompt tokens a row
-    may feed (None: all)."""
+    """The step's feed for `rows` on cache `kv`, which sets its width (`feed_width`) and its rows (`feed_layout`);
+    `cap`: the prompt tokens a row may feed (None: all)."""
     starts, decodes, filled, masks, runs, tokens = [], [], [], [], [], []
     for row in rows:
         start, decode = prompt_chunk(row, cap)
