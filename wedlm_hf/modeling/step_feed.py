@@ -71,8 +71,9 @@ def build_feed(rows: list[DecodingRow], kv, mask_token_id: int, cap: int | None)
     prefill = any(starts)
     width = kv.feed_width(max(counts), prefill)
     height, places = kv.feed_layout()
-    order = list(range(len(rows))) if places is None else [None] * height  # the row each feed row holds
+    order = list(range(len(rows)))  # the active row each feed row holds (None: padding)
     if places is not None:
+        order = [None] * height
         for b, place in enumerate(places):
             order[place] = b
     ids, positions, valid = array("q"), array("q"), array("q")  # one buffer, one tensor, one transfer
