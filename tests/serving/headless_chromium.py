@@ -8,13 +8,14 @@ import base64
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
 
 import websocket
+
+from wedlm_hf.serving.bench_serve import free_port
 
 FLAGS = [
     "--headless",
@@ -48,16 +49,10 @@ def find_or_install_chromium() -> tuple[str | None, str]:
     return found, "" if found else "apt-get installed chromium but it is not on PATH"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Browser:
     def __init__(self, executable: str):
         self.profile = tempfile.mkdtemp(prefix="wedlm-chromium-")
-        port = _free_port()
+        port = free_port()
         self.process = subprocess.Popen(
             [executable, *FLAGS, f"--user-data-dir={self.profile}", f"--remote-debugging-port={port}"]
             + ["--remote-debugging-address=127.0.0.1", "--remote-allow-origins=*", "about:blank"],

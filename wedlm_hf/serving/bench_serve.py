@@ -183,10 +183,29 @@ def _no_count(text: str) -> int:
     raise RuntimeError("the server sent no usage; pass count_tokens to count the streamed text")
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; other systems start theirs higher
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free 127.0.0.1 port below the kernel's ephemeral range.
+
+    A port the kernel hands out for `bind(0)` can be handed out again, to a rendezvous store, a gloo pair or any client
+    socket, before the server that was told it binds it. Ports below the range are never handed out that way; a random
+    one keeps concurrent runs apart."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 below {low} after 200 tries")
 
 
 class ServerProcess:
