@@ -1,5 +1,7 @@
 """`wedlm-hf bench-step` measures AR and WeDLM per decoding step and counts host reads (no timing asserts)."""
 
+import math
+
 import torch
 
 from wedlm_hf.cli import build_parser
@@ -33,9 +35,10 @@ def test_every_cell_is_measured_and_reported():
     for batch in (1, 2):
         seconds = report[batch]["seconds_per_step"]
         assert set(seconds) == {"AR eager", "WeDLM eager", "AR static+compiled", "WeDLM static+compiled"}
-        assert all(value > 0 for value in seconds.values())
+        # One repeat of a few steps: a difference of two timings, which a loaded machine can even make negative.
+        assert all(math.isfinite(value) for value in seconds.values())
         forward = report[batch]["forward_seconds_per_step"]
-        assert set(forward) == set(seconds) and all(value > 0 for value in forward.values())
+        assert set(forward) == set(seconds) and all(math.isfinite(value) for value in forward.values())
         reads = report[batch]["host_reads_per_step"]
         assert set(reads) == {"AR eager", "WeDLM eager", "WeDLM sampled", "lossless sampled"}
         assert all(count >= 1 for count in reads.values())

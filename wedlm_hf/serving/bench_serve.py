@@ -183,6 +183,9 @@ def _no_count(text: str) -> int:
     raise RuntimeError("the server sent no usage; pass count_tokens to count the streamed text")
 
 
+_PORTS = random.SystemRandom()  # not the `random` module's state: a seeded test would make every run pick alike
+
+
 def _ephemeral_low() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -193,12 +196,12 @@ def _ephemeral_low() -> int:
 def free_port() -> int:
     """A free 127.0.0.1 port below the kernel's ephemeral range.
 
-    A port the kernel hands out for `bind(0)` can be handed out again, to a rendezvous store, a gloo pair or any client
-    socket, before the server that was told it binds it. Ports below the range are never handed out that way; a random
-    one keeps concurrent runs apart."""
+    A port the kernel hands out for `bind(0)` can be handed out again, to a rendezvous store, a gloo pair or any
+    client socket, before the server that was told it binds it. Ports below the range are never handed out that way;
+    one drawn from the system's entropy keeps concurrent runs apart."""
     low = _ephemeral_low()
     for _ in range(200):
-        port = random.randrange(max(1024, low - 12000), low)
+        port = _PORTS.randrange(max(1024, low - 12000), low)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
