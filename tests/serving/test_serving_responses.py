@@ -202,6 +202,11 @@ def test_an_error_mid_stream_is_an_error_event_then_response_failed(client, monk
         ({"store": True}, "store", "stores no responses"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]", "functions only"),
         ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name", "letters"),
+        (
+            {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"x": []}}}]},
+            "tools[0].parameters",
+            "tool 'f' cannot be used",
+        ),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"frobnicate": 1}, "frobnicate", "Unrecognized request argument"),
         ({"max_tokens": 4}, "max_tokens", "Unrecognized request argument"),

@@ -36,6 +36,7 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "the forecast", "parameters": WEATHER}},
     {"type": "function", "function": {"name": "add", "parameters": ADD}},
 ]
+BROKEN = {"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}  # no grammar library takes it
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
 DEEP = {"name": "add", "arguments": "[" * 100_000}  # nesting json.loads cannot follow
 DEEP_CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": DEEP}]}
@@ -139,6 +140,10 @@ def test_calls_and_results_in_the_history_reach_the_template(client):
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
             "tools[0].function.parameters",
+        ),
+        (  # a schema the grammar library refuses: the tool is named, not the whole list
+            {"tools": [*TOOLS, {"type": "function", "function": {"name": "f", "parameters": BROKEN}}]},
+            "tools[2].function.parameters",
         ),
         (
             {"tools": TOOLS, "messages": [*MESSAGES, {"role": "tool", "tool_call_id": "nope", "content": "x"}]},

@@ -26,7 +26,7 @@ from .openai_schema import APIError, ParsedRequest, invalid, wedlm_options
 from .sampling import choice_sampler
 from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, Choice, Scheduler, serving_limits
 from .tensor_parallel import mirrored_prompt_logits
-from .tool_calls import TOOL_FORMATS, tool_grammar
+from .tool_calls import TOOL_FORMATS, tool_at_fault, tool_grammar
 
 DEFAULT_MODEL_ID = "wedlm-hf-default"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
@@ -341,7 +341,15 @@ class ServingEngine:
                 code="unsupported_parameter",
             ) from None
         except ValueError as error:
-            raise invalid(param, f"{param}: the schema cannot be used: {error}") from None
+            words = f"{param}: the schema cannot be used: {error}"
+            if tools:  # name the tool whose parameters break the calls' grammar
+                fault = tool_at_fault(
+                    request.tools, lambda schema: compile_grammar(schema, self.tokenizer, self.vocab_size)
+                )
+                if fault is not None:
+                    param, reason = fault
+                    words = f"{param}: {reason}"
+            raise invalid(param, words) from None
         seconds = time.perf_counter() - started
         for observe in self.grammar_observers:
             observe(seconds)

@@ -133,6 +133,24 @@ def _choice(choice, names: list[str]) -> tuple[str, str | None]:
     )
 
 
+def tool_at_fault(spec: ToolSpec, check) -> tuple[str, str] | None:
+    """Where the calls' grammar cannot be compiled: the first callable tool whose parameters `check` (a JSON schema
+    -> raises ValueError) refuses, as (its field, the words); None where each compiles alone."""
+    callable_names = {function["name"] for function in spec.callable()}
+    for i, tool in enumerate(spec.tools):
+        function = tool["function"]
+        if function["name"] not in callable_names:
+            continue
+        try:
+            check(function["parameters"])
+        except ValueError as error:
+            return (
+                f"tools[{i}].function.parameters",
+                f"the parameters of tool {function['name']!r} cannot be used: {error}",
+            )
+    return None
+
+
 def tool_grammar(spec: ToolSpec, form: ToolFormat = TOOL_FORMATS["hermes"]) -> str:
     """The Lark grammar (llguidance's) every answer of the request follows, in `form`. Each function's call is
     written out in the grammar, `{"name": NAME, "arguments": ` then its `parameters` as the root of a `%json`
