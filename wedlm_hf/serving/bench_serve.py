@@ -184,6 +184,7 @@ def _no_count(text: str) -> int:
 
 
 _PORTS = random.SystemRandom()  # not the `random` module's state: a seeded test would make every run pick alike
+_GIVEN: set[int] = set()  # ports this process was given, perhaps not bound yet: never given twice
 
 
 def _ephemeral_low() -> int:
@@ -202,12 +203,15 @@ def free_port() -> int:
     low = _ephemeral_low()
     for _ in range(200):
         port = _PORTS.randrange(max(1024, low - 12000), low)
+        if port in _GIVEN:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _GIVEN.add(port)
+        return port
     raise RuntimeError(f"no free port on 127.0.0.1 below {low} after 200 tries")
 
 
