@@ -3,7 +3,6 @@
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from wedlm_hf.cli import main as cli
 from wedlm_hf.hub.custom_generate import export_custom_generate
 from wedlm_hf.hub.export import export_checkpoint, remote_code_files
 from wedlm_hf.hub.push import HubUnreachableError
+from wedlm_hf.serving.bench_serve import free_port
 
 CODE_FILES = {p.name for p in remote_code_files()}
 DECODE = dict(
@@ -373,9 +373,7 @@ def test_push_errors(tmp_path, char_tokenizer, fake_hub, monkeypatch):
 def test_push_without_network_names_the_network_problem(tmp_path, char_tokenizer):
     build_model(dtype=torch.float32).save_pretrained(tmp_path / "src", tokenizer=char_tokenizer)
     export_checkpoint(tmp_path / "src", tmp_path / "out")
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_TOKEN="hf_test_token")
     result = subprocess.run(

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from transformers import (
 from wedlm_hf import WeDLMForCausalLM
 from wedlm_hf.cli import console
 from wedlm_hf.cli import main as cli
+from wedlm_hf.serving.bench_serve import free_port
 
 SHAPE = dict(
     hidden_size=32,
@@ -230,9 +230,7 @@ def test_seeded_runs_are_identical_and_resume_continues_exactly(setup_dir, tmp_p
 
 
 def test_two_processes_under_accelerate_launch(setup_dir, tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     # `--multi_gpu` is accelerate's multi-process launcher (torchrun); without GPUs Trainer joins the ranks over gloo.
     cmd = [
