@@ -3,6 +3,7 @@ held to the tools' schemas at commit, parsed into `tool_calls`, streamed as `del
 results in the history. The shipped model's chat template renders tools and calls as Qwen's templates do."""
 
 import json
+import uuid
 
 import httpx
 import jsonschema
@@ -37,6 +38,8 @@ TOOLS = [
     {"type": "function", "function": {"name": "add", "parameters": ADD}},
 ]
 BROKEN = {"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}  # no grammar library takes it
+BROKEN_TOOL = {"type": "function", "function": {"name": "f", "parameters": BROKEN}}
+STYLED = {"type": "object", "x-guidance": {"bogus": 1}}  # refused alone, replaced in the calls' grammar
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
 DEEP = {"name": "add", "arguments": "[" * 100_000}  # nesting json.loads cannot follow
 DEEP_CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": DEEP}]}
@@ -142,8 +145,12 @@ def test_calls_and_results_in_the_history_reach_the_template(client):
             "tools[0].function.parameters",
         ),
         (  # a schema the grammar library refuses: the tool is named, not the whole list
-            {"tools": [*TOOLS, {"type": "function", "function": {"name": "f", "parameters": BROKEN}}]},
+            {"tools": [*TOOLS, BROKEN_TOOL]},
             "tools[2].function.parameters",
+        ),
+        (  # a tool's own "x-guidance" is the grammar's in the check too, as in the calls' grammar
+            {"tools": [{"type": "function", "function": {"name": "g", "parameters": STYLED}}, BROKEN_TOOL]},
+            "tools[1].function.parameters",
         ),
         (
             {"tools": TOOLS, "messages": [*MESSAGES, {"role": "tool", "tool_call_id": "nope", "content": "x"}]},
@@ -267,3 +274,23 @@ def test_a_lone_surrogate_in_a_tool_is_a_400(client):
     raw = head[:-1] + ', "tools": [' + tool + "]}"
     answer = httpx.post(f"{client.base_url}chat/completions", content=raw, headers={"Content-Type": "application/json"})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "tools"
+
+
+def test_naming_the_tool_at_fault_keeps_no_compile_in_the_cache(client):
+    """Each tool is compiled alone to find the one at fault: those compiles must not displace the grammars that other
+    requests use from the compile cache (a request of 64 tools would otherwise push out 64 of them)."""
+    from wedlm_hf.structured import grammars
+
+    marker = f"m{uuid.uuid4().hex}"
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "add", "description": marker, "parameters": {**ADD, "title": marker}},
+        },
+        {"type": "function", "function": {"name": "f", "parameters": {**BROKEN, "title": marker}}},
+    ]
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=2, tools=tools)
+    assert error.value.body["param"] == "tools[1].function.parameters"
+    kept = [key for key in grammars._compiled if marker in key[3]]
+    assert len(kept) == 1 and kept[0][2] == "lark"  # the request's own grammar, as before the search

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -185,34 +186,41 @@ def _no_count(text: str) -> int:
 
 _PORTS = random.SystemRandom()  # not the `random` module's state: a seeded test would make every run pick alike
 _GIVEN: set[int] = set()  # ports this process was given, perhaps not bound yet: never given twice
+_GIVING = threading.Lock()
 
 
-def _ephemeral_low() -> int:
+def unassigned_ports() -> range | None:
+    """Ports the kernel never hands out by itself (`bind(0)`, a client's `connect`): up to 12,000 below its
+    ephemeral range, else above it; None where neither side has 1,000 (a range of nearly every port)."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default; other systems start theirs higher
+        low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default; other systems start theirs higher
+    for ports in (range(max(1024, low - 12000), low), range(high + 1, min(65536, high + 12001))):
+        if len(ports) >= 1000:
+            return ports
+    return None
 
 
 def free_port() -> int:
-    """A free 127.0.0.1 port below the kernel's ephemeral range.
+    """A free 127.0.0.1 port for a server that binds it later, never the same twice in this process.
 
     A port the kernel hands out for `bind(0)` can be handed out again, to a rendezvous store, a gloo pair or any
-    client socket, before the server that was told it binds it. Ports below the range are never handed out that way;
-    one drawn from the system's entropy keeps concurrent runs apart."""
-    low = _ephemeral_low()
-    for _ in range(200):
-        port = _PORTS.randrange(max(1024, low - 12000), low)
-        if port in _GIVEN:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _GIVEN.add(port)
-        return port
-    raise RuntimeError(f"no free port on 127.0.0.1 below {low} after 200 tries")
+    client socket, before the server that was told it binds it: the port comes from outside the kernel's range
+    (`unassigned_ports`), drawn from the system's entropy, so that concurrent runs stay apart."""
+    ports = unassigned_ports()
+    with _GIVING:
+        for _ in range(200):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", 0 if ports is None else _PORTS.choice(ports)))
+                except OSError:
+                    continue
+                port = sock.getsockname()[1]
+            if port not in _GIVEN:
+                _GIVEN.add(port)
+                return port
+    raise RuntimeError("no free port on 127.0.0.1 after 200 tries")
 
 
 class ServerProcess:

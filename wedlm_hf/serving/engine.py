@@ -9,6 +9,7 @@ after tokenising only a prefix of it: no token covers more than `longest token` 
 characters than that times the context is checked on its first (context + 2) tokens' worth of text.
 """
 
+import functools
 import os
 import time
 
@@ -342,13 +343,13 @@ class ServingEngine:
             ) from None
         except ValueError as error:
             words = f"{param}: the schema cannot be used: {error}"
-            if tools:  # name the tool whose parameters break the calls' grammar
-                fault = tool_at_fault(
-                    request.tools, lambda schema: compile_grammar(schema, self.tokenizer, self.vocab_size)
+            if tools:  # name the tool whose parameters break the calls' grammar (its test compiles are not kept)
+                check = functools.partial(
+                    compile_grammar, tokenizer=self.tokenizer, vocab_size=self.vocab_size, keep=False
                 )
+                fault = tool_at_fault(request.tools, check)
                 if fault is not None:
-                    param, reason = fault
-                    words = f"{param}: {reason}"
+                    param, words = fault
             raise invalid(param, words) from None
         seconds = time.perf_counter() - started
         for observe in self.grammar_observers:

@@ -133,16 +133,21 @@ def _choice(choice, names: list[str]) -> tuple[str, str | None]:
     )
 
 
+def call_arguments_schema(function: dict) -> dict:
+    """The schema a call's `arguments` follow in the calls' grammar: the function's parameters, written compactly."""
+    return {**function["parameters"], "x-guidance": _JSON_STYLE}
+
+
 def tool_at_fault(spec: ToolSpec, check) -> tuple[str, str] | None:
-    """Where the calls' grammar cannot be compiled: the first callable tool whose parameters `check` (a JSON schema
-    -> raises ValueError) refuses, as (its field, the words); None where each compiles alone."""
+    """Where the calls' grammar cannot be compiled: the first callable tool whose arguments' schema `check` (a JSON
+    schema -> raises ValueError) refuses, as (its field, the words); None where each compiles alone."""
     callable_names = {function["name"] for function in spec.callable()}
     for i, tool in enumerate(spec.tools):
         function = tool["function"]
         if function["name"] not in callable_names:
             continue
         try:
-            check(function["parameters"])
+            check(call_arguments_schema(function))
         except ValueError as error:
             return (
                 f"tools[{i}].function.parameters",
@@ -158,7 +163,7 @@ def tool_grammar(spec: ToolSpec, form: ToolFormat = TOOL_FORMATS["hermes"]) -> s
     lines = []
     for k, function in enumerate(spec.callable()):
         head = json.dumps('{"name": ' + json.dumps(function["name"]) + ', "arguments": ')
-        schema = {**function["parameters"], "x-guidance": _JSON_STYLE}
+        schema = call_arguments_schema(function)
         lines.append(f'fn{k}: {head} %json {json.dumps(schema)} "}}"')
     lines.append("one: " + " | ".join(f"fn{k}" for k in range(len(lines))))
     tag = json.dumps(form.opening)

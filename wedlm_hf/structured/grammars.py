@@ -160,9 +160,11 @@ def parse_spec(spec) -> tuple[str, str]:
     )
 
 
-def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Grammar:
+def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None, keep: bool = True) -> Grammar:
     """`spec` compiled for `tokenizer` (a fast Hugging Face tokenizer) and a model vocabulary of `vocab_size` (the
-    tokenizer's size by default). Raises ValueError naming what the library cannot compile. Cached by spec."""
+    tokenizer's size by default). Raises ValueError naming what the library cannot compile. Cached by spec;
+    `keep=False` compiles past the cache and leaves it as it was (a check that should not displace what others
+    use)."""
     if isinstance(spec, Grammar):
         return spec
     llguidance = _llguidance()
@@ -175,7 +177,7 @@ def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Gram
         ll_tokenizer = _ll_tokenizer(tokenizer)
         vocab_size = _vocab_size(ll_tokenizer, vocab_size)
         key = (id(ll_tokenizer), vocab_size, kind, text)
-        if key in _compiled:
+        if keep and key in _compiled:
             _compiled.move_to_end(key)
             found = _compiled[key]
             if isinstance(found, str):  # refused before: the same words, without compiling again
@@ -185,10 +187,11 @@ def compile_grammar(spec, tokenizer=None, vocab_size: int | None = None) -> Gram
         grammar = _compile(llguidance, ll_tokenizer, vocab_size, kind, text)
     except ValueError as error:
         grammar = str(error)  # the words only: the exception's traceback would keep its frames alive
-    with _lock:
-        _compiled[key] = grammar
-        if len(_compiled) > CACHE_SIZE:
-            _compiled.popitem(last=False)
+    if keep:
+        with _lock:
+            _compiled[key] = grammar
+            if len(_compiled) > CACHE_SIZE:
+                _compiled.popitem(last=False)
     if isinstance(grammar, str):
         raise ValueError(grammar)
     return grammar
