@@ -77,6 +77,20 @@ def test_swapped_forward_puts_back_an_instance_forward_too():
     assert vars(model)["forward"] is mine
 
 
+def test_a_swapped_compiled_forward_keeps_compiling_past_dynamos_default_limit():
+    """The benchmarks' decoders share one compiled forward: more shapes than dynamo's default limit must still run
+    compiled, not fall back to eager."""
+    model = build_model(dtype=torch.float32)
+    compiled = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    shapes = torch._dynamo.config.recompile_limit + 4
+    with swapped_forward(model, compiled):
+        for n in range(1, shapes + 1):
+            assert torch.equal(model.forward(torch.ones(n)), torch.full((n,), 2.0))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == shapes
+
+
 def test_blockwise_baseline_equals_streaming_when_every_mask_is_accepted():
     """With tau huge both fill whole blocks from the same logits distribution of the same context."""
     model = build_model()

@@ -67,15 +67,23 @@ def _interleaved(runs: dict, repeats: int, device: torch.device) -> tuple[dict, 
     return best, results
 
 
+# The graphs a benchmark's compiled forward may take: AR and WeDLM at several batch sizes and widths share it, past
+# dynamo's default limit (8), where a "compiled" run would go on eagerly with only a warning to say so.
+COMPILED_GRAPHS = 64
+
+
 @contextlib.contextmanager
 def swapped_forward(model, forward):
-    """`model.forward` is `forward` inside the block (e.g. `torch.compile(model.forward)`); afterwards the model
-    has its own forward again (an instance attribute it had is put back, else the class's method shows through)."""
+    """`model.forward` is `forward` inside the block (e.g. `torch.compile(model.forward)`), with room for
+    COMPILED_GRAPHS graphs; afterwards the model has its own forward again (an instance attribute it had is put
+    back, else the class's method shows through)."""
     had = "forward" in vars(model)
     original = vars(model).get("forward")
     model.forward = forward
+    room = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
     try:
-        yield model
+        with torch._dynamo.config.patch(recompile_limit=room):
+            yield model
     finally:
         if had:
             model.forward = original
