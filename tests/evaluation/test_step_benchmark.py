@@ -44,4 +44,5 @@ def test_every_cell_is_measured_and_reported():
         assert all(count >= 1 for count in reads.values())
     assert sum("target <= 1.3x" in line for line in lines) == 2  # batch 1, eager and compiled
     assert sum("outside the forward" in line for line in lines) == 4
+    assert sum("WeDLM's forward alone" in line for line in lines) == 4
     assert build_parser().parse_args(["bench-step", "--batches", "1", "4"]).batches == [1, 4]
