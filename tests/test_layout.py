@@ -76,6 +76,28 @@ def test_core_files_and_functions_stay_readable(module):
             assert length <= CORE_FUNCTION_LINES, f"{path.name}: {node.name} has {length} lines"
 
 
+# Core modules tested where a behaviour that spans them is (the file, under tests/); every other core module has
+# tests/modeling/test_<module>.py.
+TESTED_BY_BEHAVIOUR = {
+    "configuration_wedlm": "modeling/test_modeling.py",
+    "modeling_wedlm": "modeling/test_modeling.py",
+    "generation_wedlm": "modeling/test_decoding_features.py",
+    "generation_inputs": "modeling/test_decoding_errors.py",
+    "draft_verification": "modeling/test_lossless_decoding.py",
+    "grammar_commit": "structured/test_grammar_errors.py",
+    "dual_stream_loss": "training/test_dual_stream.py",
+    "rank_random_state": "modeling/test_tensor_parallel_generate.py",
+}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if wing_of(m) == CORE and m != f"wedlm_hf.{CORE}"])
+def test_every_core_module_has_a_test_file_named_after_it_or_its_behaviour(module):
+    tests = Path(__file__).parent
+    name = module.rsplit(".", 1)[-1]
+    path = tests / TESTED_BY_BEHAVIOUR.get(name, f"modeling/test_{name}.py")
+    assert path.exists(), f"{module}: write its tests in tests/modeling/test_{name}.py"
+
+
 def test_remote_code_is_the_core_folder():
     from wedlm_hf.hub.export import remote_code_files
 

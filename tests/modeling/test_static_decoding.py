@@ -19,7 +19,6 @@ from transformers import (
 )
 
 from wedlm_hf.hub.custom_generate import export_custom_generate
-from wedlm_hf.modeling import slot_cache
 from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 COMMON = dict(
@@ -134,44 +133,6 @@ def test_static_refusals(model64):
         )
     with pytest.raises(ValueError, match="cache_implementation='offloaded'.*static"):
         model64.generate(ids, max_new_tokens=4, cache_implementation="offloaded", **COMMON)
-
-
-def test_fine_buckets_pad_a_feed_of_nine_or_more_by_at_most_half():
-    for n in range(1, 200):
-        size = slot_cache.bucket(n, fine=True)
-        assert n <= size <= slot_cache.bucket(n) and (n < 9 or 2 * size <= 3 * n)
-    assert [slot_cache.bucket(n, fine=True) for n in (9, 12, 13, 17, 25)] == [12, 12, 16, 24, 32]
-
-
-def test_feeds_take_a_handful_of_shapes(monkeypatch):
-    """Every decoding forward's (slots, width, logits kept) is a bucket (powers of two; widths on a CPU also 3/4 of
-    one), and a 200-token batched generation sees few of them; a prefill's width is a bucket too up to the prefill
-    step, a multiple of it beyond."""
-    model = build_model(max_position_embeddings=1024)
-    shapes = set()
-    original = slot_cache.SlotCache.forward
-
-    def record(self, input_ids, position_ids, new_valid, columns, prefill=False, counts=None):
-        fed = slot_cache.bucket(max(self.slot_of) + 1, self.slots)
-        keep = slot_cache.bucket(len(columns), input_ids.shape[1])
-        shapes.add((prefill, fed, input_ids.shape[1], keep))
-        return original(self, input_ids, position_ids, new_valid, columns, prefill, counts)
-
-    monkeypatch.setattr(slot_cache.SlotCache, "forward", record)
-    ids, mask = prompts(3)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=200, cache_implementation="static", **COMMON)
-    decode = {shape for shape in shapes if not shape[0]}
-    prefill = {shape for shape in shapes if shape[0]}
-    powers = {1 << k for k in range(1, 8)}
-    widths = powers | {12, 24, 48, 96}
-    step = slot_cache.PREFILL_STEP
-    assert all(width in widths if width <= step else width % step == 0 for _, _, width, _ in prefill)
-    assert all(fed in powers | {3} and width in widths and keep in widths for _, fed, width, keep in decode)
-    assert len(decode) <= 10 < sum(s.forwards for s in out.wedlm_stats) // 3
-    shapes.clear()
-    short, _ = prompts(1, lengths=(3,))  # 3 prompt tokens and 6 masks: a prefill 12 wide, not 32
-    model.generate(short, max_new_tokens=8, cache_implementation="static", **COMMON)
-    assert [width for is_prefill, _, width, _ in shapes if is_prefill] == [12]
 
 
 @pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])

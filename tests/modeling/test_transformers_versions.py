@@ -16,6 +16,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 from transformers import logging as hf_logging
 
 from wedlm_hf import WeDLMForCausalLM, generate_wedlm
+from wedlm_hf.modeling import transformers_versions
 from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 OLD = "cache" if CACHE_KWARG == "past_key_values" else "past_key_values"
@@ -126,3 +127,22 @@ def test_models_whose_forward_still_says_past_key_values_decode():
     ids, mask = prompts(2)
     kwargs = dict(attention_mask=mask, mask_token_id=MASK_ID, max_new_tokens=8, eos_token_id=None)
     assert torch.equal(generate_wedlm(legacy, ids, **kwargs), generate_wedlm(stock, ids, **kwargs))
+
+
+def test_forward_arguments_follow_the_forward_in_use(model64, monkeypatch):
+    """The cache argument's name and `logits_to_keep` are read from the forward the model runs now (a compiled or
+    wrapped forward swapped onto the instance is read anew), once per forward function."""
+    assert transformers_versions.forward_arguments(model64) == (CACHE_KWARG, True)
+    reads = []
+    signature = inspect.signature
+    monkeypatch.setattr(transformers_versions.inspect, "signature", lambda f: reads.append(f) or signature(f))
+
+    def wrapped(input_ids=None, past_key_values=None, **kwargs):
+        return type(model64).forward(model64, input_ids=input_ids, **{CACHE_KWARG: past_key_values}, **kwargs)
+
+    monkeypatch.setattr(model64, "forward", wrapped)
+    assert transformers_versions.forward_arguments(model64) == ("past_key_values", False)
+    assert transformers_versions.forward_arguments(model64) == ("past_key_values", False)
+    assert len(reads) == 1
+    monkeypatch.undo()
+    assert transformers_versions.forward_arguments(model64) == (CACHE_KWARG, True)

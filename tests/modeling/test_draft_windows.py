@@ -1,4 +1,5 @@
-"""Lossless mode's window: which drafts and masks a row feeds, and how the model's draft window adapts."""
+"""Lossless mode's window (`draft_windows`, placed by `window_refill`): which drafts and masks a row feeds, and how the
+model's draft window adapts."""
 
 from conftest import EOS_ID
 

@@ -1,4 +1,5 @@
-"""Default mode's guesses under a grammar: one commits only where AR's own restricted choice agrees."""
+"""The grammar hook (`grammar_hook`) under default mode's guesses: a guess commits only where AR's own restricted
+choice agrees, and the walk keeps the draw that takes a failed guess's place."""
 
 import torch
 from conftest import EOS_ID
