@@ -22,6 +22,22 @@ MASK_ID = 95
 EOS_ID = 94
 
 
+# generate(strategy="wedlm") as most generation tests call it: a small window whose threshold fills several masks
+WEDLM_COMMON = dict(
+    strategy="wedlm",
+    wedlm_window_size=6,
+    wedlm_entropy_threshold=0.8,
+    eos_token_id=EOS_ID,
+    pad_token_id=EOS_ID,
+    return_dict_in_generate=True,
+)
+
+
+def window_tokens(row) -> list:
+    """A decoding row's window as token ids, None for a mask."""
+    return [None if slot is None else slot.token for slot in row.window]
+
+
 def tiny_config(**overrides) -> WeDLMConfig:
     values = dict(
         hidden_size=64,

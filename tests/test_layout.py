@@ -95,7 +95,12 @@ def test_every_core_module_has_a_test_file_named_after_it_or_its_behaviour(modul
     tests = Path(__file__).parent
     name = module.rsplit(".", 1)[-1]
     path = tests / TESTED_BY_BEHAVIOUR.get(name, f"modeling/test_{name}.py")
-    assert path.exists(), f"{module}: write its tests in tests/modeling/test_{name}.py"
+    assert path.exists(), f"{module}: no {path.relative_to(tests)}; write its tests in tests/modeling/test_{name}.py"
+
+
+def test_the_behaviour_files_named_for_core_modules_name_modules_that_exist():
+    core = {m.rsplit(".", 1)[-1] for m in MODULES if wing_of(m) == CORE}
+    assert set(TESTED_BY_BEHAVIOUR) <= core, set(TESTED_BY_BEHAVIOUR) - core
 
 
 def test_remote_code_is_the_core_folder():

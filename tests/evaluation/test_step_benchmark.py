@@ -44,5 +44,10 @@ def test_every_cell_is_measured_and_reported():
         assert all(count >= 1 for count in reads.values())
     assert sum("target <= 1.3x" in line for line in lines) == 2  # batch 1, eager and compiled
     assert sum("outside the forward" in line for line in lines) == 4
-    assert sum("WeDLM's forward alone" in line for line in lines) == 4
+    cells = [line for line in lines if "WeDLM's forward alone" in line]
+    assert len(cells) == 4
+    for line, (batch, mode) in zip(cells, [(b, m) for b in (1, 2) for m in ("eager", "static+compiled")]):
+        cell = report[batch]
+        ratio = cell["forward_seconds_per_step"][f"WeDLM {mode}"] / cell["seconds_per_step"][f"AR {mode}"]
+        assert line.startswith(f"batch {batch:>3}, {mode}") and line.endswith(f"alone: {ratio:4.2f}x AR's step")
     assert build_parser().parse_args(["bench-step", "--batches", "1", "4"]).batches == [1, 4]

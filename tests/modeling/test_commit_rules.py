@@ -1,29 +1,25 @@
 """The two commit rules (`commit_rules`): default mode commits the leading run, lossless mode what AR's own choices
 confirm, and a window that already runs to its row's end commits without another forward."""
 
+from conftest import EOS_ID, window_tokens
+
 from wedlm_hf.modeling.commit_rules import commit, commit_ending
 from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
 from wedlm_hf.modeling.draft_verification import ArPredictions
 from wedlm_hf.modeling.window_filling import FillSampler
 
-STOP = 90
-
 
 def decoding_row(window: list, lossless: bool = False, max_new_tokens: int = 20, **settings) -> DecodingRow:
-    settings = DecodingSettings(max_new_tokens=max_new_tokens, lossless=lossless, stop_ids={STOP}, **settings)
+    settings = DecodingSettings(max_new_tokens=max_new_tokens, lossless=lossless, stop_ids={EOS_ID}, **settings)
     row = DecodingRow(index=0, prompt=[1, 2, 3], settings=settings, window=list(window))
     row.prompt_fed = len(row.prompt)
     return row
 
 
-def tokens(window: list) -> list:
-    return [None if slot is None else slot.token for slot in window]
-
-
 def test_default_mode_commits_the_leading_run_and_keeps_the_rest():
     row = decoding_row([Fill(5), Fill(6), None, Fill(7), None])
     assert commit(row, 2, None) == (2, False)
-    assert row.generated == [5, 6] and tokens(row.window) == [None, 7, None]
+    assert row.generated == [5, 6] and window_tokens(row) == [None, 7, None]
     assert row.stats.tokens == 2 and not row.done
 
 
@@ -32,18 +28,18 @@ def test_lossless_mode_commits_the_drafts_ar_confirms_and_places_ars_token_after
     row = decoding_row([Fill(5, final=True), Fill(6), Fill(7), Fill(8), None], lossless=True)
     assert commit(row, 4, ArPredictions(FillSampler(), [6, 12, 13])) == (2, False)
     assert row.generated == [5, 6]
-    assert tokens(row.window) == [12, None, None] and row.window[0].final  # later fills saw the rejected draft
+    assert window_tokens(row) == [12, None, None] and row.window[0].final  # later fills saw the rejected draft
     assert (row.stats.accepted_drafts, row.stats.rejected_drafts) == (1, 1)
     # Every draft confirmed: AR's token after the run is the next final token.
     row = decoding_row([Fill(5, final=True), Fill(6), Fill(7)], lossless=True)
     assert commit(row, 3, ArPredictions(FillSampler(), [6, 7, 9])) == (3, False)
-    assert row.generated == [5, 6, 7] and tokens(row.window) == [9] and row.window[0].final
+    assert row.generated == [5, 6, 7] and window_tokens(row) == [9] and row.window[0].final
 
 
 def test_a_run_that_reaches_a_stop_token_commits_now():
-    row = decoding_row([Fill(5), Fill(STOP), Fill(6), None])
+    row = decoding_row([Fill(5), Fill(EOS_ID), Fill(6), None])
     assert commit_ending(row) == 2
-    assert row.generated == [5, STOP] and row.done and row.finish_reason == "stop"
+    assert row.generated == [5, EOS_ID] and row.done and row.finish_reason == "stop"
 
 
 def test_a_run_that_fills_the_budget_commits_now():
@@ -53,20 +49,20 @@ def test_a_run_that_fills_the_budget_commits_now():
 
 
 def test_a_window_that_does_not_end_the_row_waits_for_the_next_forward():
-    assert commit_ending(decoding_row([Fill(5), Fill(6), None, Fill(STOP)])) == 0  # a mask before the stop token
+    assert commit_ending(decoding_row([Fill(5), Fill(6), None, Fill(EOS_ID)])) == 0  # a mask before the stop token
     assert commit_ending(decoding_row([Fill(5), Fill(6)])) == 0  # the text goes on
     # keep_logits needs the next forward's logits; a guess under a grammar commits only as AR confirms it.
-    assert commit_ending(decoding_row([Fill(5), Fill(STOP)], keep_logits=True)) == 0
-    assert commit_ending(decoding_row([Fill(5, guess=True), Fill(STOP)])) == 0
-    joining = decoding_row([Fill(5), Fill(STOP)])
+    assert commit_ending(decoding_row([Fill(5), Fill(EOS_ID)], keep_logits=True)) == 0
+    assert commit_ending(decoding_row([Fill(5, guess=True), Fill(EOS_ID)])) == 0
+    joining = decoding_row([Fill(5), Fill(EOS_ID)])
     joining.prompt_fed = 0  # its prompt is not in the cache yet
     assert commit_ending(joining) == 0
 
 
-def test_in_lossless_mode_only_the_final_token_commits_without_a_check():
-    assert commit_ending(decoding_row([Fill(STOP, final=True), Fill(6)], lossless=True)) == 1
+def test_in_lossless_mode_the_final_token_and_forced_tokens_commit_without_a_check():
+    assert commit_ending(decoding_row([Fill(EOS_ID, final=True), Fill(6)], lossless=True)) == 1
     # A model draft after the final token still needs AR's confirmation, even where it would end the row.
-    row = decoding_row([Fill(5, final=True), Fill(STOP)], lossless=True)
+    row = decoding_row([Fill(5, final=True), Fill(EOS_ID)], lossless=True)
     assert commit_ending(row) == 0 and row.generated == []
-    forced = decoding_row([Fill(5, final=True), Fill(STOP, source="forced")], lossless=True)
+    forced = decoding_row([Fill(5, final=True), Fill(EOS_ID, source="forced")], lossless=True)
     assert commit_ending(forced) == 2  # what a grammar forces, AR under it has no other choice for

@@ -30,14 +30,17 @@ def test_either_cache_holds_an_ar_prefill_of_each_rows_committed_text(model64, k
     settings = DecodingSettings(max_new_tokens=40, window_size=4, entropy_threshold=0.8)
     first = decoder.add([3, 1, 4, 1, 5, 9, 2], settings)
     second = decoder.add([6, 5], settings)
-    checked = 0
+    checked, uneven = 0, False
     for step in range(8):
         if step == 2:
             decoder.add([2, 7, 1, 8, 2, 8], settings)
         if step == 4:
             decoder.finish(second)  # a row leaves between steps; the next one takes its slot
             decoder.add([1, 4, 1], settings)
+        before = {id(row): len(row.generated) for row in decoder.active}
         decoder.step()
+        committed = {len(row.generated) - before[id(row)] for row in decoder.active if id(row) in before}
+        uneven |= len(committed) > 1
         for i, row in enumerate(decoder.active):
             held = decoder.kv.row_kv(i)
             assert held[0][0].shape[1] == row.committed
@@ -46,7 +49,7 @@ def test_either_cache_holds_an_ar_prefill_of_each_rows_committed_text(model64, k
                 torch.testing.assert_close(values, want_values, rtol=0, atol=1e-10)
             checked += 1
     assert first in decoder.active and len(decoder.active) == 3 and checked >= 20
-    assert len({len(row.generated) for row in decoder.active}) > 1  # rows committed different counts
+    assert uneven  # some step committed different counts in different rows
 
 
 @pytest.mark.parametrize("batch", [1, 3])  # one padding-free row takes its own path
@@ -93,22 +96,3 @@ def test_user_cache_is_filled_and_returned(model64):
     cache = DynamicCache(config=model64.config)
     out = model64.generate(ids, max_new_tokens=8, strategy="wedlm", cache=cache, return_dict_in_generate=True)
     assert out.cache is cache and cache.get_seq_length() == out.sequences.shape[1]
-
-
-def test_finished_rows_stop_adding_work(model64):
-    """A row that stops early is fed no more rows: its forwards stop while the others continue."""
-    ids, mask = prompts(2)
-    free = model64.generate(ids[1:], attention_mask=mask[1:], max_new_tokens=24, strategy="wedlm", eos_token_id=None)
-    stop_token = int(free[0, ids.shape[1] + 2])  # a token row 1 emits early becomes the stop token
-    out = model64.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=24,
-        strategy="wedlm",
-        eos_token_id=stop_token,
-        pad_token_id=EOS_ID,
-        return_dict_in_generate=True,
-    )
-    short, long_ = sorted(out.wedlm_stats, key=lambda s: s.forwards)
-    assert short.tokens < 24 and short.forwards < long_.forwards
-    assert short.rows_fed < long_.rows_fed

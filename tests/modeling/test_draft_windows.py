@@ -1,7 +1,7 @@
 """Lossless mode's window (`draft_windows`, placed by `window_refill`): which drafts and masks a row feeds, and how the
 model's draft window adapts."""
 
-from conftest import EOS_ID
+from conftest import EOS_ID, window_tokens
 
 from wedlm_hf.modeling.commit_rules import verify_and_commit
 from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
@@ -18,22 +18,18 @@ def lossless_row(window: list, prefilled: bool = True, **settings) -> DecodingRo
     return row
 
 
-def tokens(row: DecodingRow) -> list:
-    return [None if slot is None else slot.token for slot in row.window]
-
-
 def test_nothing_is_fed_past_a_drafted_stop_token():
     """A draft after a stop token could only commit if the text went on past it: it is dropped, and no mask is
     added, however large the model's window."""
     row = lossless_row([Fill(9, final=True), Fill(10), Fill(EOS_ID), Fill(11), None, Fill(12)])
     row.model_window.size = 16
     refill(row)
-    assert tokens(row) == [9, 10, EOS_ID]
+    assert window_tokens(row) == [9, 10, EOS_ID]
     # The same with a mask before the stop token: it stays (the stop token may still commit after it).
     row = lossless_row([Fill(9, final=True), None, Fill(EOS_ID), None, None])
     row.model_window.size = 16
     refill(row)
-    assert tokens(row) == [9, None, EOS_ID]
+    assert window_tokens(row) == [9, None, EOS_ID]
 
 
 def test_the_last_draft_is_unfed_only_where_a_whole_run_ends_the_row():
@@ -61,16 +57,16 @@ def test_a_drafted_stop_token_does_not_keep_drafts_past_the_adapted_window():
     row = lossless_row([Fill(9, final=True), None, Fill(10), Fill(EOS_ID)])
     row.model_window.size = 0
     refill(row)
-    assert tokens(row) == [9]
+    assert window_tokens(row) == [9]
 
 
 def test_a_joining_row_feeds_join_masks_beside_its_prompt():
     row = lossless_row([], prefilled=False)
     refill(row)
-    assert tokens(row) == [None] * JOIN_MASKS
+    assert window_tokens(row) == [None] * JOIN_MASKS
     capped = lossless_row([], prefilled=False, window_size=2)  # W caps it
     refill(capped)
-    assert tokens(capped) == [None, None]
+    assert window_tokens(capped) == [None, None]
 
 
 def test_a_draft_window_whose_drafts_held_grows_from_what_was_checked():
@@ -92,21 +88,21 @@ def test_a_joining_rows_drafts_size_the_window_of_its_first_check():
     joined = [Fill(4, final=True), Fill(10), Fill(11), Fill(12)]
     row = lossless_row(joined, context_drafts=False)
     refill(row)
-    assert tokens(row) == [4, 10, 11, 12] + [None] * 3 * GROWTH
+    assert window_tokens(row) == [4, 10, 11, 12] + [None] * 3 * GROWTH
     capped = lossless_row(joined, context_drafts=False, window_size=8)
     refill(capped)
-    assert tokens(capped) == [4, 10, 11, 12] + [None] * 8
+    assert window_tokens(capped) == [4, 10, 11, 12] + [None] * 8
     none = lossless_row([Fill(4, final=True)], context_drafts=False)  # no fills: the model window's own size
     refill(none)
-    assert tokens(none) == [4, None, None]
+    assert window_tokens(none) == [4, None, None]
     checked = lossless_row(joined, context_drafts=False)  # after a check the model window decides alone
     checked.model_window.held = True
     refill(checked)
-    assert tokens(checked) == [4, 10, 11, 12, None, None]
+    assert window_tokens(checked) == [4, 10, 11, 12, None, None]
     resting = lossless_row(joined, context_drafts=False)
     resting.model_window.size = 0
     refill(resting)
-    assert tokens(resting) == [4, 10, 11, 12]
+    assert window_tokens(resting) == [4, 10, 11, 12]
 
 
 def test_context_drafts_rest_after_a_streak_of_failed_copies():
@@ -188,17 +184,17 @@ def test_while_the_model_drafts_hold_only_a_long_match_is_copied():
     short = [1, 2, 3, 4, 9, 3]  # with the final token 4: "3 4" occurred before, a match of two tokens
     row = copying_row(short, [Fill(4, final=True)], held=True)
     refill(row)
-    assert tokens(row) == [4]
+    assert window_tokens(row) == [4]
     row = copying_row(short, [Fill(4, final=True)], held=False)
     refill(row)
-    assert tokens(row) == [4, 9, 3]  # what followed "3 4", up to the end of the committed text
+    assert window_tokens(row) == [4, 9, 3]  # what followed "3 4", up to the end of the committed text
     long = [20, 21, 22, 23, 24, 25, 26, 27, 30, 20, 21, 22, 23, 24, 25]
     row = copying_row(long, [Fill(26, final=True)], held=True)
     refill(row)
-    assert tokens(row) == [26, 27, 30, 20, 21, 22, 23, 24, 25]  # seven tokens agree ("20 ... 26")
+    assert window_tokens(row) == [26, 27, 30, 20, 21, 22, 23, 24, 25]  # seven tokens agree ("20 ... 26")
     row = copying_row(long, [Fill(26, final=True)], held=True, resting=True)  # a resting source copies nothing
     refill(row)
-    assert tokens(row) == [26]
+    assert window_tokens(row) == [26]
 
 
 def test_after_a_joining_rows_unchecked_drafts_only_a_match_through_them_is_copied():
@@ -210,21 +206,21 @@ def test_after_a_joining_rows_unchecked_drafts_only_a_match_through_them_is_copi
     row = copying_row(one, [Fill(4, final=True), Fill(3)], held=None)
     row.model_window.size = 2
     refill(row)
-    assert tokens(row) == [4, 3] + [None] * GROWTH  # the model's masks instead
+    assert window_tokens(row) == [4, 3] + [None] * GROWTH  # the model's masks instead
     tail = [1, 3, 9, 8, 7, 2]  # the drafts "3 9" occurred before (two tokens agree), but after 1, not the final 4
     row = copying_row(tail, [Fill(4, final=True), Fill(3), Fill(9)], held=None)
     row.model_window.size = 2
     refill(row)
-    assert tokens(row) == [4, 3, 9] + [None] * 2 * GROWTH
+    assert window_tokens(row) == [4, 3, 9] + [None] * 2 * GROWTH
     whole = [1, 4, 3, 9, 8, 7]  # "4 3 9" occurred before: the final token and both drafts agree
     row = copying_row(whole, [Fill(4, final=True), Fill(3), Fill(9)], held=None)
     row.model_window.size = 2
     refill(row)
-    assert tokens(row) == [4, 3, 9, 8, 7]
+    assert window_tokens(row) == [4, 3, 9, 8, 7]
     assert [slot.source for slot in row.window[1:]] == ["model", "model", "context", "context"]
     row = copying_row([2, 4, 9, 8, 7], [Fill(4, final=True)], held=None)  # no unchecked drafts: one token will do
     refill(row)
-    assert tokens(row) == [4, 9, 8, 7]
+    assert window_tokens(row) == [4, 9, 8, 7]
 
 
 def test_once_the_model_drafts_failed_a_copy_takes_their_place():
@@ -234,24 +230,24 @@ def test_once_the_model_drafts_failed_a_copy_takes_their_place():
     row = copying_row(text, [Fill(4, final=True), Fill(40), Fill(41), None], held=False)
     row.model_window.size = 2
     refill(row)
-    assert tokens(row) == [4, 9, 8, 7, 3]  # no masks after a copy
+    assert window_tokens(row) == [4, 9, 8, 7, 3]  # no masks after a copy
     assert [slot.source for slot in row.window[1:]] == ["context"] * 4
     row = copying_row(text, [Fill(4, final=True), Fill(9), Fill(8), None], held=None)
     row.model_window.size = 2
     refill(row)
-    assert tokens(row) == [4, 9, 8, 7, 3]  # "3 4 9 8" matched through the drafts: the copy goes on after them
+    assert window_tokens(row) == [4, 9, 8, 7, 3]  # "3 4 9 8" matched through the drafts: the copy goes on after them
     assert [slot.source for slot in row.window[1:]] == ["model", "model", "context", "context"]
     # A grammar's forced tokens are no guess: the copy goes on after them.
     row = copying_row(text, [Fill(4, final=True), Fill(9, source="forced"), Fill(41), None], held=False)
     row.model_window.size = 2
     refill(row)
-    assert tokens(row) == [4, 9, 8, 7, 3]
+    assert window_tokens(row) == [4, 9, 8, 7, 3]
     assert [slot.source for slot in row.window[1:]] == ["forced", "context", "context", "context"]
     # No copy to make: the model's drafts stay, with the masks of its window.
     row = copying_row([1, 2, 5], [Fill(4, final=True), Fill(40), None], held=False)
     row.model_window.size = 2
     refill(row)
-    assert tokens(row) == [4, 40, None, None]
+    assert window_tokens(row) == [4, 40, None, None]
 
 
 def test_a_copy_is_at_most_copy_tokens_long():
@@ -259,7 +255,7 @@ def test_a_copy_is_at_most_copy_tokens_long():
     row = copying_row(text, [Fill(10, final=True)], held=False)
     row.settings.window_size = 32
     refill(row)
-    assert tokens(row) == [10] + list(range(11, 11 + COPY_TOKENS))
+    assert window_tokens(row) == [10] + list(range(11, 11 + COPY_TOKENS))
 
 
 class PrefixGrammar:
@@ -291,12 +287,12 @@ def test_under_a_grammar_a_copy_ends_where_the_grammar_rejects_it():
     row = copying_row(text, [Fill(4, final=True)], held=False)
     row.grammar = PrefixGrammar([4, 9, 8, 5])
     refill(row)
-    assert tokens(row) == [4, 9, 8]
+    assert window_tokens(row) == [4, 9, 8]
     assert row.grammar.at == 0  # the grammar's state is still the committed text's
     row = copying_row(text, [Fill(4, final=True)], held=False)
     row.grammar = PrefixGrammar([4, 6])  # it rejects the copy's first token: no copy
     refill(row)
-    assert tokens(row) == [4]
+    assert window_tokens(row) == [4]
 
 
 def test_after_a_grammars_fixed_string_a_row_feeds_a_mask_to_draft_past_ars_next_token():
@@ -307,10 +303,10 @@ def test_after_a_grammars_fixed_string_a_row_feeds_a_mask_to_draft_past_ars_next
     row.grammar = PrefixGrammar([4, 9, 8, 5, 6])
     row.model_window.size = 0
     refill(row)
-    assert tokens(row) == [4, 9, 8, None, None]
+    assert window_tokens(row) == [4, 9, 8, None, None]
     drafted = [Fill(4, final=True), Fill(9, source="forced"), Fill(8)]  # the run ends with a draft: it rests
     row = lossless_row(drafted, context_drafts=False)
     row.grammar = PrefixGrammar([4, 9, 8, 5, 6])
     row.model_window.size = 0
     refill(row)
-    assert tokens(row) == [4, 9, 8]
+    assert window_tokens(row) == [4, 9, 8]

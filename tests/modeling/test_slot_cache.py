@@ -3,19 +3,10 @@ own real tokens up to itself, its bounds are refused with the fix, and a generat
 
 import pytest
 import torch
-from conftest import EOS_ID, build_model, prompts
+from conftest import WEDLM_COMMON, build_model, prompts
 
 from wedlm_hf.modeling import slot_cache
 from wedlm_hf.modeling.slot_cache import SlotCache
-
-COMMON = dict(
-    strategy="wedlm",
-    wedlm_window_size=6,
-    wedlm_entropy_threshold=0.8,
-    eos_token_id=EOS_ID,
-    pad_token_id=EOS_ID,
-    return_dict_in_generate=True,
-)
 
 
 def test_rows_take_the_lowest_free_slots_and_a_full_cache_says_how_to_fix_it(model64):
@@ -46,7 +37,7 @@ def test_a_step_past_a_slots_length_is_refused_with_the_fix(model64):
 
 def test_the_step_mask_sees_a_rows_committed_prefix_and_its_real_tokens_up_to_itself(model64):
     cache = SlotCache(model64, slots=2, max_length=5)
-    cache.keys_length = 8  # as if the step attended over 8 columns (the last one the sink)
+    cache.keys_length = 8  # as if the step attended over 8 columns (the last two unwritten)
     start = torch.tensor([3, 0])  # slot 0 holds 3 committed tokens, slot 1 none
     valid = torch.tensor([[True, True, False, True], [True, False, False, False]])
     rank = valid.long().cumsum(1) - 1
@@ -91,7 +82,7 @@ def test_feeds_take_a_handful_of_shapes(monkeypatch):
 
     monkeypatch.setattr(slot_cache.SlotCache, "forward", record)
     ids, mask = prompts(3)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=200, cache_implementation="static", **COMMON)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=200, cache_implementation="static", **WEDLM_COMMON)
     decode = {shape for shape in shapes if not shape[0]}
     prefill = {shape for shape in shapes if shape[0]}
     powers = {1 << k for k in range(1, 8)}
@@ -102,5 +93,5 @@ def test_feeds_take_a_handful_of_shapes(monkeypatch):
     assert len(decode) <= 10 < sum(s.forwards for s in out.wedlm_stats) // 3
     shapes.clear()
     short, _ = prompts(1, lengths=(3,))  # 3 prompt tokens and 6 masks: a prefill 12 wide, not 32
-    model.generate(short, max_new_tokens=8, cache_implementation="static", **COMMON)
+    model.generate(short, max_new_tokens=8, cache_implementation="static", **WEDLM_COMMON)
     assert [width for is_prefill, _, width, _ in shapes if is_prefill] == [12]

@@ -5,7 +5,17 @@ import json
 
 import pytest
 import torch
-from conftest import EOS_ID, MASK_ID, REMOTE_GENERATE, build_model, peaky, prompts, run_without_wedlm_hf, tiny_config
+from conftest import (
+    EOS_ID,
+    MASK_ID,
+    REMOTE_GENERATE,
+    WEDLM_COMMON,
+    build_model,
+    peaky,
+    prompts,
+    run_without_wedlm_hf,
+    tiny_config,
+)
 from torch._dynamo.testing import CompileCounter
 from transformers import (
     CompileConfig,
@@ -21,15 +31,6 @@ from transformers import (
 from wedlm_hf.hub.custom_generate import export_custom_generate
 from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
-COMMON = dict(
-    strategy="wedlm",
-    wedlm_window_size=6,
-    wedlm_entropy_threshold=0.8,
-    eos_token_id=EOS_ID,
-    pad_token_id=EOS_ID,
-    return_dict_in_generate=True,
-)
-
 
 def eager_and_static(model, ids, mask=None, seed=None, **kwargs):
     outs = []
@@ -37,7 +38,7 @@ def eager_and_static(model, ids, mask=None, seed=None, **kwargs):
         if seed is not None:
             torch.manual_seed(seed)
         extra = {"cache_implementation": "static"} if static else {}
-        outs.append(model.generate(ids, attention_mask=mask, **COMMON | kwargs | extra))
+        outs.append(model.generate(ids, attention_mask=mask, **WEDLM_COMMON | kwargs | extra))
     return outs
 
 
@@ -105,7 +106,7 @@ def test_stops_criteria_stop_strings_and_streamer_as_eager(model64, char_tokeniz
     for static in (False, True):
         recorder = Recorder()
         extra = {"cache_implementation": "static"} if static else {}
-        model64.generate(ids[2:], max_new_tokens=25, streamer=recorder, **COMMON | extra)
+        model64.generate(ids[2:], max_new_tokens=25, streamer=recorder, **WEDLM_COMMON | extra)
         streamed.append(recorder.calls)
     assert streamed[0] == streamed[1] and len(streamed[0]) > 3
 
@@ -114,7 +115,7 @@ def test_a_static_cache_passed_in(model64):
     ids, mask = prompts(2)
     eager, _ = eager_and_static(model64, ids, mask, max_new_tokens=20)
     cache = StaticCache(config=model64.config, max_cache_len=ids.shape[1] + 20)  # what AR would take
-    out = model64.generate(ids, attention_mask=mask, max_new_tokens=20, **COMMON, **{CACHE_KWARG: cache})
+    out = model64.generate(ids, attention_mask=mask, max_new_tokens=20, **WEDLM_COMMON, **{CACHE_KWARG: cache})
     assert torch.equal(out.sequences, eager.sequences)
     assert out.cache is cache  # refilled with the committed K/V, laid out as `sequences`
     keys = cache.layers[0].keys[:, :, : out.sequences.shape[1]]
@@ -122,17 +123,17 @@ def test_a_static_cache_passed_in(model64):
 
     small = StaticCache(config=model64.config, max_cache_len=24)
     with pytest.raises(ValueError, match=r"max_cache_len=24.*needs max_cache_len >= \d+"):
-        model64.generate(ids, attention_mask=mask, max_new_tokens=20, **COMMON, **{CACHE_KWARG: small})
+        model64.generate(ids, attention_mask=mask, max_new_tokens=20, **WEDLM_COMMON, **{CACHE_KWARG: small})
 
 
 def test_static_refusals(model64):
     ids, _ = prompts(1)
     with pytest.raises(ValueError, match="a DynamicCache with cache_implementation='static'"):
         model64.generate(
-            ids, max_new_tokens=4, cache_implementation="static", **COMMON, **{CACHE_KWARG: DynamicCache()}
+            ids, max_new_tokens=4, cache_implementation="static", **WEDLM_COMMON, **{CACHE_KWARG: DynamicCache()}
         )
     with pytest.raises(ValueError, match="cache_implementation='offloaded'.*static"):
-        model64.generate(ids, max_new_tokens=4, cache_implementation="offloaded", **COMMON)
+        model64.generate(ids, max_new_tokens=4, cache_implementation="offloaded", **WEDLM_COMMON)
 
 
 @pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
@@ -143,11 +144,11 @@ def test_compiled_forward_does_not_recompile_per_step(batch, lossless):
     model = build_model(dtype=torch.float32, max_position_embeddings=1024)
     ids, mask = prompts(batch)
     options = dict(max_new_tokens=512, wedlm_window_size=16, wedlm_lossless=lossless, eos_token_id=None)
-    eager = model.generate(ids, attention_mask=mask, **COMMON | options)
+    eager = model.generate(ids, attention_mask=mask, **WEDLM_COMMON | options)
     torch._dynamo.reset()
     counter = CompileCounter()
     model.forward = torch.compile(model.forward, backend=counter)
-    static = model.generate(ids, attention_mask=mask, cache_implementation="static", **COMMON | options)
+    static = model.generate(ids, attention_mask=mask, cache_implementation="static", **WEDLM_COMMON | options)
     del model.forward
     assert torch.equal(static.sequences, eager.sequences)
     forwards = max(s.forwards for s in static.wedlm_stats)
@@ -189,7 +190,7 @@ def test_compile_config_and_disable_compile_are_honoured(model64, monkeypatch):
             cache_implementation="static",
             compile_config=config,
             disable_compile=disable,
-            **COMMON,
+            **WEDLM_COMMON,
         )
         monkeypatch.setattr(type(model64), "__call__", original_call)
         forwards = out.wedlm_stats[0].forwards
@@ -248,9 +249,9 @@ def test_compile_config_on_a_dynamic_cache_is_checked_as_transformers_checks_it(
 
     monkeypatch.setattr(type(model64), "_valid_auto_compile_criteria", recorded)
     ids, _ = prompts(1)
-    plain = model64.generate(ids, max_new_tokens=8, **COMMON)
+    plain = model64.generate(ids, max_new_tokens=8, **WEDLM_COMMON)
     assert seen == []
     config = CompileConfig(backend="eager")
-    checked = model64.generate(ids, max_new_tokens=8, compile_config=config, **COMMON)
+    checked = model64.generate(ids, max_new_tokens=8, compile_config=config, **WEDLM_COMMON)
     assert len(seen) == 1 and seen[0].backend == "eager"
     assert torch.equal(checked.sequences, plain.sequences)

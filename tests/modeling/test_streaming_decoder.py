@@ -1,11 +1,12 @@
 """The step as a whole: in default and lossless greedy mode a step reads the device once (the step's fills and AR
 choices), whatever the batch, on the dynamic and the static cache; rows that join mid-way and rows that finish do
-not add reads. (The first forward, on an empty dynamic cache, passes transformers the 2D mask, and transformers'
-mask function reads it to choose sdpa's causal kernel, as in AR's prefill.)"""
+not add reads; a row that finishes is fed no more. (The first forward, on an empty dynamic cache, passes
+transformers the 2D mask, and transformers' mask function reads it to choose sdpa's causal kernel, as in AR's
+prefill.)"""
 
 import pytest
 import torch
-from conftest import EOS_ID, MASK_ID
+from conftest import EOS_ID, MASK_ID, prompts
 from transformers import LogitsProcessorList
 from transformers.generation import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper
 
@@ -68,3 +69,22 @@ def test_a_sampled_step_reads_the_device_once(model64, lossless):
     assert len(reads) > 4 and max(reads[1:]) == 1, reads
     if lossless:  # drafts were judged, some kept and some not
         assert sum(row.stats.accepted_drafts for row in rows) and sum(row.stats.rejected_drafts for row in rows)
+
+
+def test_finished_rows_stop_adding_work(model64):
+    """A row that stops early is fed no more rows: its forwards stop while the others continue."""
+    ids, mask = prompts(2)
+    free = model64.generate(ids[1:], attention_mask=mask[1:], max_new_tokens=24, strategy="wedlm", eos_token_id=None)
+    stop_token = int(free[0, ids.shape[1] + 2])  # a token row 1 emits early becomes the stop token
+    out = model64.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=24,
+        strategy="wedlm",
+        eos_token_id=stop_token,
+        pad_token_id=EOS_ID,
+        return_dict_in_generate=True,
+    )
+    short, long_ = sorted(out.wedlm_stats, key=lambda s: s.forwards)
+    assert short.tokens < 24 and short.forwards < long_.forwards
+    assert short.rows_fed < long_.rows_fed

@@ -240,13 +240,13 @@ def run_step_benchmark(
         for mode in ("eager", "static+compiled") if compile else ("eager",):
             ar, wedlm = seconds[f"AR {mode}"], seconds[f"WeDLM {mode}"]
             own_ar, own_wedlm = ar - forward[f"AR {mode}"], wedlm - forward[f"WeDLM {mode}"]
-            floor = forward[f"WeDLM {mode}"] / ar  # WeDLM's forward alone, against AR's whole step
+            forward_ratio = forward[f"WeDLM {mode}"] / ar  # WeDLM's forward alone, against AR's whole step
             target = TARGETS.get(batch)
             verdict = "" if target is None else f" (target <= {target}x: {'PASS' if wedlm / ar <= target else 'FAIL'})"
             log(
                 f"batch {batch:>3}, {mode:<16} AR {ar * 1e3:7.3f} ms/step, WeDLM {wedlm * 1e3:7.3f} ms/step: "
                 f"{wedlm / ar:5.2f}x{verdict}; outside the forward: AR {own_ar * 1e3:6.3f}, WeDLM "
-                f"{own_wedlm * 1e3:6.3f} ms/step; WeDLM's forward alone: {floor:4.2f}x AR's step"
+                f"{own_wedlm * 1e3:6.3f} ms/step; WeDLM's forward alone: {forward_ratio:4.2f}x AR's step"
             )
         log(
             f"batch {batch:>3}, host reads per step (eager): AR {reads['AR eager']:.1f}, WeDLM "
