@@ -3,7 +3,7 @@ whatever rows join and leave; the cache `generate` returns is an AR prefill of i
 
 import pytest
 import torch
-from conftest import EOS_ID, MASK_ID, prompts
+from conftest import MASK_ID, WEDLM_COMMON, prompts
 from transformers import DynamicCache
 
 from wedlm_hf.modeling.decoding_state import DecodingSettings
@@ -55,17 +55,7 @@ def test_either_cache_holds_an_ar_prefill_of_each_rows_committed_text(model64, k
 @pytest.mark.parametrize("batch", [1, 3])  # one padding-free row takes its own path
 def test_final_cache_equals_ar_prefill_of_output(model64, batch):
     ids, mask = prompts(batch)
-    out = model64.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=20,
-        strategy="wedlm",
-        wedlm_window_size=6,
-        wedlm_entropy_threshold=0.8,
-        eos_token_id=EOS_ID,
-        pad_token_id=EOS_ID,
-        return_dict_in_generate=True,
-    )
+    out = model64.generate(ids, attention_mask=mask, max_new_tokens=20, **WEDLM_COMMON)
     seq = out.sequences
     width = ids.shape[1]
     full_mask = torch.zeros_like(seq)
