@@ -33,6 +33,18 @@ WEDLM_COMMON = dict(
 )
 
 
+# a tool's arguments: the schema the tool-calling tests (chat and Responses) give their get_weather tool
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
 def window_tokens(row) -> list:
     """A decoding row's window as token ids, None for a mask."""
     return [None if slot is None else slot.token for slot in row.window]

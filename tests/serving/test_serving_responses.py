@@ -9,6 +9,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from conftest import WEATHER
 from live_server import MODEL_ID, LiveServer, offline_chat, shipped
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -264,15 +265,6 @@ def test_the_route_is_counted_in_the_metrics(server, client):
     assert (count("200"), count("400")) == (ok + 1, refused + 1)
 
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "days": {"type": "integer", "minimum": 1, "maximum": 9},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "the forecast", "parameters": WEATHER}]
 NAMED = {"type": "function", "name": "get_weather"}
 

@@ -9,21 +9,13 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from conftest import WEATHER
 from live_server import MODEL_ID, LiveServer, shipped
 
 from wedlm_hf.cli import build_parser
 from wedlm_hf.serving.tool_calls import TOOL_FORMATS, ToolCallText, parse_tools, tool_grammar
 from wedlm_hf.structured import compile_grammar
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "days": {"type": "integer", "minimum": 1, "maximum": 9},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 ADD = {
     "type": "object",
     "properties": {
