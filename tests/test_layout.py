@@ -123,10 +123,29 @@ def test_wings_meet_other_wings_only_through_their_public_names(module):
         assert set(names) <= public, f"{module} imports {set(names) - public} that wedlm_hf.{other} does not export"
 
 
-def test_cli_only_parses_and_dispatches():
-    for target, _, _ in imports(PACKAGE / "cli.py"):
+# The CLI and each command's options (commands/): parsing needs no wing, so `wedlm-hf --help` imports no torch.
+PARSING = [PACKAGE / "cli.py", *sorted((PACKAGE / "commands").glob("*.py"))]
+
+
+@pytest.mark.parametrize("path", PARSING, ids=lambda path: path.name)
+def test_cli_and_command_options_import_no_wing(path):
+    for target, _, _ in imports(path):
         # logging: the console quiets import-time log lines of optional libraries (cli.IMPORT_NOISE)
-        assert target in ("argparse", "importlib", "logging", "sys", "os"), f"cli.py imports {target}"
+        stdlib = target in ("argparse", "importlib", "logging", "sys", "os")
+        assert stdlib or target.startswith("wedlm_hf.commands"), f"{path.name} imports {target}"
+
+
+def test_every_command_module_is_a_command_of_its_name():
+    from wedlm_hf.commands import COMMAND_MODULES
+
+    helpers = {"__init__", "argument_types", "shared_options"}
+    files = {path.stem for path in (PACKAGE / "commands").glob("*.py")} - helpers
+    assert files == {module.__name__.rsplit(".", 1)[1] for module in COMMAND_MODULES}
+    for module in COMMAND_MODULES:
+        assert module.__name__.endswith("." + module.NAME.replace("-", "_")), module.NAME
+
+
+def test_every_command_runs_a_callable_of_a_wing():
     from wedlm_hf.cli import COMMANDS
 
     for command, entry in COMMANDS.items():

@@ -14,7 +14,7 @@ The package is a core and wings around it:
 - `hub/`: export, model cards, push, `custom_generate`.
 - `evaluation/`: `evaluate`, `bench`, the no-cache baseline, the `generate` demo.
 - `structured/`: grammars for structured output (llguidance), found by the core through an entry point.
-- `cli.py`: the `wedlm-hf` command, parsing and dispatch only.
+- `cli.py`: the `wedlm-hf` command, parsing and dispatch only; `commands/`: each command's flags.
 
 Wings import the core, never the reverse.
 """
