@@ -5,8 +5,9 @@ import torch
 from conftest import build_model
 
 from wedlm_hf.cli import build_parser
-from wedlm_hf.evaluation.benchmark import load_bench_model, run_benchmark, swapped_forward
+from wedlm_hf.evaluation.benchmark import load_bench_model, run_benchmark
 from wedlm_hf.evaluation.blockwise_baseline import blockwise_generate
+from wedlm_hf.evaluation.compiled_forward import swapped_forward
 
 
 def test_benchmark_reports_every_run_and_ratio():

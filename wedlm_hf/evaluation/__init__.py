@@ -4,6 +4,10 @@
 - `benchmark`: `wedlm-hf bench`, AR vs WeDLM vs the no-cache block-wise baseline.
 - `blockwise_baseline`: that baseline, in the style of the authors' transformers class.
 - `lossless_benchmark`: `wedlm-hf bench-lossless`, lossless WeDLM vs AR and prompt lookup, per prompt family.
+- `step_benchmark`: `wedlm-hf bench-step`, the decoder's own cost per step; `structured_benchmark`:
+  `wedlm-hf bench-structured`, WeDLM under a JSON schema against AR with the grammar's processor.
+- `interleaved_runs`, `bench_report`, `compiled_forward`: what the benchmarks share: runs interleaved and kept at
+  their best, the tables, ratios and counts they print, a compiled forward swapped in for some runs.
 - `demo`: `wedlm-hf generate`, a streamed completion next to plain AR.
 
 Public to other wings: nothing. Imports the core and the data wing's `default_model_path` and task items.

@@ -17,17 +17,27 @@ prompt lookup: transformers before 5.24 refuses a static cache for prompt lookup
 one when drafts reach the token budget (docs/benchmarks.md), so eager is the prompt lookup that runs every prompt.
 """
 
-import contextlib
-import json
 import random
-import time
 
 import torch
 from transformers import AutoTokenizer, CompileConfig
 
 from ..data import FAMILIES, default_model_path
-from .benchmark import compiled_forward, load_bench_model, swapped_forward
+from .bench_report import (
+    Column,
+    best_of,
+    parameter_count,
+    plural,
+    ratio_column,
+    shipped_or_path,
+    table_head,
+    table_row,
+    write_json,
+)
+from .benchmark import load_bench_model
+from .compiled_forward import compiled_forward, swapped_in
 from .evaluate import code_snippets, held_out_items
+from .interleaved_runs import interleave
 
 # name -> generate() arguments; the WeDLM ones take W, tau and lambda from the model's generation config.
 DECODERS = {
@@ -80,6 +90,41 @@ def prompt_families(tokenizer, per_family: int, train_items_per_family: int = 20
     return families
 
 
+class _Decoders:
+    """The decoders of one run on one model: `decode(name, ids)` runs one on a prompt, a compiled one under its
+    compile (a swapped-in compiled forward, or `generate`'s own compile)."""
+
+    def __init__(self, model, new_tokens: int, compiled: bool, backend: str, compile_in_generate: bool):
+        self.model, self.new_tokens = model, new_tokens
+        self.decoders = {**DECODERS, **(COMPILED_DECODERS if compiled else {})}
+        self.names = list(self.decoders)
+        self.exact = EXACT + (EXACT_COMPILED if compiled else ())
+        self.compiled_call = compiled_forward(model, backend) if compiled and not compile_in_generate else None
+        if compile_in_generate:
+            config = generate_compile_config(backend, model.device.type)
+            self.compiled_args = dict(compile_config=config)
+            self.compile = f"generate's own compile ({config})"
+        else:
+            self.compiled_args = dict(disable_compile=True)
+            self.compile = f"torch.compile(model.forward) (backend {backend!r})"
+
+    def decode(self, name: str, ids: list[int], checked: bool = True):
+        """The generated tokens and WeDLM stats; timed runs (`checked=False`) make the plain call, which returns
+        the token ids alone (a dict output also builds the returned cache, which AR keeps anyway). The ids come
+        back to the CPU, which waits for a GPU's work: the timing covers it."""
+        x = torch.tensor([ids], device=self.model.device)
+        compiled = name in COMPILED_DECODERS
+        with swapped_in(self.model, self.compiled_call, compiled and self.compiled_call is not None):
+            extra = self.compiled_args if compiled else {}
+            out = self.model.generate(
+                x, max_new_tokens=self.new_tokens, return_dict_in_generate=checked, **self.decoders[name], **extra
+            )
+        if not checked:
+            return out[0, len(ids) :].tolist(), None
+        stats = getattr(out, "wedlm_stats", None)
+        return out.sequences[0, len(ids) :].tolist(), stats[0] if stats else None
+
+
 def run_lossless_benchmark(
     model_path: str,
     prompts_per_family: int = 10,
@@ -100,186 +145,176 @@ def run_lossless_benchmark(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = load_bench_model(model_path, device, "float32")
     families = prompt_families(tokenizer, prompts_per_family, train_items_per_family)
-    decoders = {**DECODERS, **(COMPILED_DECODERS if compiled else {})}
-    names = list(decoders)
-    exact = EXACT + (EXACT_COMPILED if compiled else ())
     if compile_in_generate is None:
         compile_in_generate = model.device.type == "cuda"
-    compiled_call = compiled_forward(model, compile_backend) if compiled and not compile_in_generate else None
-    if compile_in_generate:
-        compiled_args = dict(compile_config=generate_compile_config(compile_backend, model.device.type))
-    else:
-        compiled_args = dict(disable_compile=True)
+    decoders = _Decoders(model, new_tokens, compiled, compile_backend, compile_in_generate)
+    prompts = {(family, p): ids for family, family_prompts in families.items() for p, ids in enumerate(family_prompts)}
+    outputs, mismatches = _check_against_ar(decoders, prompts, tokenizer, log)
 
-    def decode(name: str, ids: list[int], checked: bool = True):
-        """The generated tokens and WeDLM stats; timed runs (`checked=False`) make the plain call, which returns
-        the token ids alone (a dict output also builds the returned cache, which AR keeps anyway). The ids come
-        back to the CPU, which waits for a GPU's work: the timing covers it."""
-        x = torch.tensor([ids], device=model.device)
-        swap = compiled_call is not None and name in COMPILED_DECODERS
-        forward = swapped_forward(model, compiled_call) if swap else contextlib.nullcontext()
-        with forward:
-            extra = compiled_args if name in COMPILED_DECODERS else {}
-            out = model.generate(
-                x, max_new_tokens=new_tokens, return_dict_in_generate=checked, **decoders[name], **extra
-            )
-        if not checked:
-            return out[0, len(ids) :].tolist(), None
-        stats = getattr(out, "wedlm_stats", None)
-        return out.sequences[0, len(ids) :].tolist(), stats[0] if stats else None
+    def timed_run(name: str):
+        return lambda case: decoders.decode(name, prompts[case], checked=False)
 
-    # Checked once, untimed (it also warms every decoder up): outputs that must be AR's, and the WeDLM stats.
-    outputs, mismatches = {}, []
-    for family, prompts in families.items():
-        for p, ids in enumerate(prompts):
-            for name in names:
-                outputs[family, p, name] = decode(name, ids)
-            ar = outputs[family, p, "AR"][0]
-            for name in exact:
-                got = outputs[family, p, name][0]
-                if got != ar:
-                    first = next((i for i, (a, b) in enumerate(zip(ar, got)) if a != b), min(len(ar), len(got)))
-                    mismatches.append(dict(family=family, prompt=tokenizer.decode(ids), decoder=name, token=first))
-                    log(
-                        f"!!! MISMATCH: {name} differs from AR generate on {family} prompt {p} "
-                        f"({tokenizer.decode(ids)!r}) from generated token {first}"
-                    )
-
-    times = {}  # (family, prompt, decoder) -> seconds of each timed run, in run order
-    for r in range(repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for family, prompts in families.items():
-            for p, ids in enumerate(prompts):
-                for name in order:
-                    start = time.perf_counter()
-                    decode(name, ids, checked=False)
-                    times.setdefault((family, p, name), []).append(time.perf_counter() - start)
-    best = {key: min(seconds) for key, seconds in times.items()}
-
-    rows = {}
-    groups = {f: [(f, p) for p in range(len(prompts))] for f, prompts in families.items()}
-    groups["all"] = [key for keys in groups.values() for key in keys]
-    for family, keys in groups.items():
-        row = dict(prompts=len(keys), identical_to_ar={})
-        for name in names:
-            tokens = sum(len(outputs[f, p, name][0]) for f, p in keys)
-            seconds = sum(best[f, p, name] for f, p in keys)
-            row[name] = dict(tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds)
-            stats = [outputs[f, p, name][1] for f, p in keys]
-            if stats[0] is not None:
-                forwards = sum(s.forwards for s in stats)
-                row[name].update(
-                    forwards=forwards,
-                    tokens_per_forward=tokens / forwards,
-                    accepted_context_drafts=sum(s.accepted_context_drafts for s in stats),
-                    rejected_context_drafts=sum(s.rejected_context_drafts for s in stats),
-                    accepted_model_drafts=sum(s.accepted_drafts - s.accepted_context_drafts for s in stats),
-                    rejected_model_drafts=sum(s.rejected_drafts - s.rejected_context_drafts for s in stats),
-                )
-        for name in exact:
-            wrong = [m for m in mismatches if m["decoder"] == name and family in (m["family"], "all")]
-            row["identical_to_ar"][name] = not wrong
-        lossless = row["lossless"]["tokens_per_s"]
-        row["lossless_vs_ar"] = lossless / row["AR"]["tokens_per_s"]
-        row["lossless_vs_prompt_lookup"] = lossless / row["prompt lookup"]["tokens_per_s"]
-        # The same ratio within each timed run alone (its prompts' single timings): how far the machine's noise
-        # moves it, beside the best-of ratio.
-        row["lossless_vs_prompt_lookup_per_run"] = [
-            sum(times[f, p, "prompt lookup"][r] for f, p in keys) / sum(times[f, p, "lossless"][r] for f, p in keys)
-            for r in range(repeats)
-        ]
-        if compiled:
-            lossless_compiled = row["lossless compiled"]["tokens_per_s"]
-            row["lossless_compiled_vs_ar_compiled"] = lossless_compiled / row["AR compiled"]["tokens_per_s"]
-            row["lossless_compiled_vs_prompt_lookup"] = lossless_compiled / row["prompt lookup"]["tokens_per_s"]
-            row["lossless_compiled_vs_lossless"] = lossless_compiled / lossless
-            row["wedlm_compiled_vs_wedlm"] = row["WeDLM compiled"]["tokens_per_s"] / row["WeDLM"]["tokens_per_s"]
-            row["ar_compiled_vs_ar"] = row["AR compiled"]["tokens_per_s"] / row["AR"]["tokens_per_s"]
-        rows[family] = row
-
-    threads_used = torch.get_num_threads()
+    timings = interleave({name: timed_run(name) for name in decoders.names}, repeats, cases=list(prompts))
+    groups = {f: [(f, p) for p in range(len(family_prompts))] for f, family_prompts in families.items()}
+    groups["all"] = list(prompts)
+    rows = {
+        family: _family_row(family, cases, decoders, outputs, timings, mismatches, repeats)
+        for family, cases in groups.items()
+    }
     log(
-        f"model: {portable_name(model_path)}, {sum(q.numel() for q in model.parameters()) / 1e6:.1f}M parameters, "
-        f"{model.device} float32, {threads_used} CPU thread{'s' * (threads_used != 1)}; {prompts_per_family} prompt"
-        f"{'s' * (prompts_per_family != 1)} per family, at most {new_tokens} new tokens (stops at eos), best of "
-        f"{repeats} interleaved run{'s' * (repeats != 1)}"
+        f"model: {shipped_or_path(model_path)}, {parameter_count(model) / 1e6:.1f}M parameters, {model.device} "
+        f"float32, {plural(torch.get_num_threads(), 'CPU thread')}; {plural(prompts_per_family, 'prompt')} per "
+        f"family, at most {new_tokens} new tokens (stops at eos), {best_of(repeats)}"
     )
+    _log_tables(log, rows, decoders.compile if compiled else None)
+    failed = sorted({(m["decoder"], m["family"]) for m in mismatches})
+    if failed:
+        log("!!! NOT identical to AR generate: " + ", ".join(f"{d} on {f}" for d, f in failed))
+    else:
+        log(f"identical to AR generate on every prompt: {', '.join(decoders.exact)}")
+    settings = dict(prompts_per_family=prompts_per_family, new_tokens=new_tokens, repeats=repeats)
+    settings |= dict(threads=torch.get_num_threads(), device=str(model.device))
+    settings |= dict(
+        compiled=compile_backend if compiled else None, compiled_in_generate=compiled and compile_in_generate
+    )
+    return dict(settings=settings, families=rows, mismatches=mismatches)
+
+
+def _check_against_ar(decoders: _Decoders, prompts: dict, tokenizer, log) -> tuple[dict, list[dict]]:
+    """Every decoder on every prompt once, untimed (which warms each up): (case, decoder) -> (tokens, WeDLM stats),
+    and where an output that must be AR's is not."""
+    outputs, mismatches = {}, []
+    for (family, p), ids in prompts.items():
+        for name in decoders.names:
+            outputs[(family, p), name] = decoders.decode(name, ids)
+        ar = outputs[(family, p), "AR"][0]
+        for name in decoders.exact:
+            got = outputs[(family, p), name][0]
+            if got != ar:
+                first = next((i for i, (a, b) in enumerate(zip(ar, got)) if a != b), min(len(ar), len(got)))
+                mismatches.append(dict(family=family, prompt=tokenizer.decode(ids), decoder=name, token=first))
+                log(
+                    f"!!! MISMATCH: {name} differs from AR generate on {family} prompt {p} "
+                    f"({tokenizer.decode(ids)!r}) from generated token {first}"
+                )
+    return outputs, mismatches
+
+
+def _family_row(family: str, cases: list, decoders: _Decoders, outputs, timings, mismatches, repeats: int) -> dict:
+    """One row of the tables: each decoder's tokens, best seconds and tokens/s over `cases` (with its drafts, for
+    WeDLM decoders), whether it stayed AR's, and the ratios the tables print."""
+    row = dict(prompts=len(cases), identical_to_ar={})
+    for name in decoders.names:
+        tokens = sum(len(outputs[case, name][0]) for case in cases)
+        seconds = sum(timings.best((case, name)) for case in cases)
+        row[name] = dict(tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds)
+        stats = [outputs[case, name][1] for case in cases]
+        if stats[0] is not None:
+            row[name].update(_drafts(stats, tokens))
+    for name in decoders.exact:
+        wrong = [m for m in mismatches if m["decoder"] == name and family in (m["family"], "all")]
+        row["identical_to_ar"][name] = not wrong
+
+    def faster(a: str, b: str) -> float:
+        return row[a]["tokens_per_s"] / row[b]["tokens_per_s"]
+
+    row["lossless_vs_ar"] = faster("lossless", "AR")
+    row["lossless_vs_prompt_lookup"] = faster("lossless", "prompt lookup")
+    # The same ratio within each timed run alone (its prompts' single timings): how far the machine's noise moves
+    # it, beside the best-of ratio.
+    row["lossless_vs_prompt_lookup_per_run"] = [
+        sum(timings.seconds[case, "prompt lookup"][r] for case in cases)
+        / sum(timings.seconds[case, "lossless"][r] for case in cases)
+        for r in range(repeats)
+    ]
+    if "lossless compiled" in row:
+        row["lossless_compiled_vs_ar_compiled"] = faster("lossless compiled", "AR compiled")
+        row["lossless_compiled_vs_prompt_lookup"] = faster("lossless compiled", "prompt lookup")
+        row["lossless_compiled_vs_lossless"] = faster("lossless compiled", "lossless")
+        row["wedlm_compiled_vs_wedlm"] = faster("WeDLM compiled", "WeDLM")
+        row["ar_compiled_vs_ar"] = faster("AR compiled", "AR")
+    return row
+
+
+def _drafts(stats: list, tokens: int) -> dict:
+    """A WeDLM decoder's forwards and drafts over some prompts, the accepted and rejected ones by source."""
+    forwards = sum(s.forwards for s in stats)
+    return dict(
+        forwards=forwards,
+        tokens_per_forward=tokens / forwards,
+        accepted_context_drafts=sum(s.accepted_context_drafts for s in stats),
+        rejected_context_drafts=sum(s.rejected_context_drafts for s in stats),
+        accepted_model_drafts=sum(s.accepted_drafts - s.accepted_context_drafts for s in stats),
+        rejected_model_drafts=sum(s.rejected_drafts - s.rejected_context_drafts for s in stats),
+    )
+
+
+def _log_tables(log, rows: dict, compile: str | None) -> None:
+    """The legend and the table; `compile`: how the compiled decoders compiled, where they ran (their table)."""
     log(
         "tokens/s: AR = generate(do_sample=False), PLD = prompt_lookup_num_tokens=10, WeDLM = strategy='wedlm', "
         "LL = lossless, LL-ctx = lossless without context drafts; tok = AR's tokens; acc model/ctx = LL's accepted "
         "drafts by source; LL/PLD runs = lowest and highest LL/PLD of the single timed runs"
     )
     log(format_table(rows))
-    if compiled:
-        how = (
-            f"generate's own compile ({compiled_args['compile_config']})"
-            if compile_in_generate
-            else f"torch.compile(model.forward) (backend {compile_backend!r})"
-        )
+    if compile is not None:
         log(
-            f"compiled: cache_implementation='static' with {how}: ARc = AR, WeDLMc = WeDLM, LLc = lossless, "
+            f"compiled: cache_implementation='static' with {compile}: ARc = AR, WeDLMc = WeDLM, LLc = lossless, "
             "compiled; x/y = ratios of tokens/s; LLc/PLD: compiled lossless against eager prompt lookup"
         )
         log(format_compiled_table(rows))
-    failed = sorted({(m["decoder"], m["family"]) for m in mismatches})
-    if failed:
-        log("!!! NOT identical to AR generate: " + ", ".join(f"{d} on {f}" for d, f in failed))
-    else:
-        log(f"identical to AR generate on every prompt: {', '.join(exact)}")
-    return dict(
-        settings=dict(
-            prompts_per_family=prompts_per_family,
-            new_tokens=new_tokens,
-            repeats=repeats,
-            threads=threads_used,
-            device=str(model.device),
-            compiled=compile_backend if compiled else None,
-            compiled_in_generate=compiled and compile_in_generate,
-        ),
-        families=rows,
-        mismatches=mismatches,
-    )
 
 
-COLUMNS = ("family", "tok", "AR", "PLD", "WeDLM", "LL", "LL-ctx", "LL/AR", "LL/PLD")
-DRAFT_COLUMNS = ("tok/fwd LL", "LL-ctx", "acc model/ctx", "LL/PLD runs")
+TABLE = (
+    Column("family", 11, align="<"),
+    Column("tok", 5),
+    *(Column(title, 8, ".0f") for title in ("AR", "PLD", "WeDLM", "LL", "LL-ctx")),  # DECODERS' tokens/s
+    ratio_column("LL/AR", 8),
+    ratio_column("LL/PLD", 8),
+    Column("tok/fwd LL", 11, ".2f"),
+    Column("LL-ctx", 7, ".2f"),
+    Column("acc model/ctx", 15),
+    Column("LL/PLD runs", 13),
+)
+COLUMNS = tuple(column.title for column in TABLE[:9])  # the header's first words, one word each
 
 
 def format_table(rows: dict) -> str:
-    head = f"{COLUMNS[0]:<11}{COLUMNS[1]:>5}" + "".join(f"{c:>8}" for c in COLUMNS[2:])
-    lines = [head + "{:>11}{:>7}{:>15}{:>13}".format(*DRAFT_COLUMNS)]
+    lines = [table_head(TABLE)]
     for family, r in rows.items():
-        ll = r["lossless"]
-        speeds = "".join(f"{r[n]['tokens_per_s']:>8.0f}" for n in DECODERS)
-        ratios = f"{r['lossless_vs_ar']:>7.2f}x{r['lossless_vs_prompt_lookup']:>7.2f}x"
-        no_ctx = r["lossless, no context drafts"]["tokens_per_forward"]
-        drafts = f"{ll['accepted_model_drafts']:>9}/{ll['accepted_context_drafts']:<5}"
-        per_forward = f"{ll['tokens_per_forward']:>11.2f}{no_ctx:>7.2f}"
-        runs = r["lossless_vs_prompt_lookup_per_run"]
-        spread = f"{min(runs):.2f}-{max(runs):.2f}"
-        lines.append(f"{family:<11}{r['AR']['tokens']:>5}{speeds}{ratios}{per_forward}{drafts}{spread:>13}")
+        ll, runs = r["lossless"], r["lossless_vs_prompt_lookup_per_run"]
+        values = [family, r["AR"]["tokens"], *(r[name]["tokens_per_s"] for name in DECODERS)]
+        values += [r["lossless_vs_ar"], r["lossless_vs_prompt_lookup"], ll["tokens_per_forward"]]
+        values += [r["lossless, no context drafts"]["tokens_per_forward"]]
+        values += [f"{ll['accepted_model_drafts']:>9}/{ll['accepted_context_drafts']:<5}"]
+        values += [f"{min(runs):.2f}-{max(runs):.2f}"]
+        lines.append(table_row(TABLE, values))
     return "\n".join(lines)
 
 
-COMPILED_COLUMNS = ("family", "tok", "ARc", "WeDLMc", "LLc", "LLc/ARc", "LLc/PLD", "ARc/AR", "WeDLMc/WeDLM", "LLc/LL")
+COMPILED_TABLE = (
+    Column("family", 11, align="<"),
+    Column("tok", 5),
+    *(Column(title, 8, ".0f") for title in ("ARc", "WeDLMc", "LLc")),  # COMPILED_DECODERS' tokens/s
+    *(ratio_column(title, 13) for title in ("LLc/ARc", "LLc/PLD", "ARc/AR", "WeDLMc/WeDLM", "LLc/LL")),
+    Column("tok/fwd LLc", 13, ".2f"),
+)
+COMPILED_COLUMNS = tuple(column.title for column in COMPILED_TABLE[:10])
+COMPILED_RATIOS = (
+    "lossless_compiled_vs_ar_compiled",
+    "lossless_compiled_vs_prompt_lookup",
+    "ar_compiled_vs_ar",
+    "wedlm_compiled_vs_wedlm",
+    "lossless_compiled_vs_lossless",
+)
 
 
 def format_compiled_table(rows: dict) -> str:
-    head = f"{COMPILED_COLUMNS[0]:<11}{COMPILED_COLUMNS[1]:>5}" + "".join(f"{c:>8}" for c in COMPILED_COLUMNS[2:5])
-    head += "".join(f"{c:>13}" for c in COMPILED_COLUMNS[5:])
-    lines = [head + f"{'tok/fwd LLc':>13}"]
+    lines = [table_head(COMPILED_TABLE)]
     for family, r in rows.items():
-        speeds = "".join(f"{r[n]['tokens_per_s']:>8.0f}" for n in COMPILED_DECODERS)
-        keys = (
-            "lossless_compiled_vs_ar_compiled",
-            "lossless_compiled_vs_prompt_lookup",
-            "ar_compiled_vs_ar",
-            "wedlm_compiled_vs_wedlm",
-            "lossless_compiled_vs_lossless",
-        )
-        ratios = "".join(f"{r[k]:>12.2f}x" for k in keys)
-        per_forward = f"{r['lossless compiled']['tokens_per_forward']:>13.2f}"
-        lines.append(f"{family:<11}{r['AR compiled']['tokens']:>5}{speeds}{ratios}{per_forward}")
+        values = [family, r["AR compiled"]["tokens"], *(r[name]["tokens_per_s"] for name in COMPILED_DECODERS)]
+        values += [*(r[key] for key in COMPILED_RATIOS), r["lossless compiled"]["tokens_per_forward"]]
+        lines.append(table_row(COMPILED_TABLE, values))
     return "\n".join(lines)
 
 
@@ -290,10 +325,6 @@ def generate_compile_config(backend: str, device_type: str) -> CompileConfig:
     if device_type != "cuda":
         config._compile_all_devices = True  # the switch transformers' own CPU tests use
     return config
-
-
-def portable_name(path: str) -> str:
-    return "the shipped model" if path == default_model_path() else path
 
 
 def bench_lossless_command(args) -> None:
@@ -307,8 +338,6 @@ def bench_lossless_command(args) -> None:
         compiled=args.compiled,
         device=args.device,
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(args.json, report)
     if report["mismatches"]:
         raise SystemExit(f"{len(report['mismatches'])} output(s) differed from plain AR generate (see the table)")

@@ -20,14 +20,16 @@ work the decoder saves around the forward can meet it on that machine.
 
 import contextlib
 import functools
-import json
 import time
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..modeling import WeDLMConfig, WeDLMForCausalLM, streaming_decoder
-from .benchmark import compiled_forward, swapped_forward
+from ..modeling import WeDLMForCausalLM, streaming_decoder
+from .bench_report import parameter_count, write_json
+from .benchmark import random_model
+from .compiled_forward import compiled_forward, swapped_forward
+from .interleaved_runs import interleave
 
 STEP_MODEL = dict(
     hidden_size=64,
@@ -92,8 +94,7 @@ class ForwardClock:
 
 
 def step_model(seed: int = 0) -> WeDLMForCausalLM:
-    torch.manual_seed(seed)
-    return WeDLMForCausalLM(WeDLMConfig(**STEP_MODEL)).eval()
+    return random_model(STEP_MODEL, seed)
 
 
 def _decoders(model, prompts: torch.Tensor, window: int, compiled) -> dict:
@@ -129,21 +130,20 @@ def _decoders(model, prompts: torch.Tensor, window: int, compiled) -> dict:
 
 
 def _per_step(runs: dict, lengths: dict, repeats: int) -> tuple[dict, dict]:
-    """name -> seconds per decoding step: (best time(N) - best time(n)) / (forwards(N) - forwards(n)), the decoders
-    interleaved (the order rotating each repeat), each warmed up once untimed; and name -> the part of it spent in
-    the model's forward (measured in the same best runs)."""
-    forwards = {name: [run(tokens)[0] for tokens in lengths[name]] for name, run in runs.items()}  # warm-up
-    best = {name: [(float("inf"), 0.0)] * 2 for name in runs}
-    names = list(runs)
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            for i, tokens in enumerate(lengths[name]):
-                start = time.perf_counter()
-                _, in_forward = runs[name](tokens)
-                best[name][i] = min(best[name][i], (time.perf_counter() - start, in_forward))
-    steps = {name: forwards[name][0] - forwards[name][1] for name in runs}
-    seconds = {name: (best[name][0][0] - best[name][1][0]) / steps[name] for name in runs}
-    forward = {name: (best[name][0][1] - best[name][1][1]) / steps[name] for name in runs}
+    """name -> seconds per decoding step: (best time(N) - best time(n)) / (forwards(N) - forwards(n)), the runs
+    interleaved (`interleave`: warmed up once untimed, best of `repeats`); and name -> the part of it spent in the
+    model's forward (measured in the same best runs)."""
+
+    def at_length(name: str):
+        return lambda i: runs[name](lengths[name][i])
+
+    timings = interleave({name: at_length(name) for name in runs}, repeats, cases=(0, 1), warm_up=True)
+    seconds, forward = {}, {}
+    for name in runs:
+        (forwards_n1, in_forward_n1), (forwards_n2, in_forward_n2) = (timings.result((i, name)) for i in (0, 1))
+        steps = forwards_n1 - forwards_n2
+        seconds[name] = (timings.best((0, name)) - timings.best((1, name))) / steps
+        forward[name] = (in_forward_n1 - in_forward_n2) / steps
     return seconds, forward
 
 
@@ -215,9 +215,8 @@ def run_step_benchmark(
     torch.set_num_threads(threads)
     model = model if model is not None else step_model()
     compiled = compiled_forward(model, compile_backend) if compile else None
-    params = sum(p.numel() for p in model.parameters())
     log(
-        f"model: {params / 1e3:.0f}K parameters ({model.config.num_hidden_layers} layer, hidden "
+        f"model: {parameter_count(model) / 1e3:.0f}K parameters ({model.config.num_hidden_layers} layer, hidden "
         f"{model.config.hidden_size}, vocabulary {model.config.vocab_size}), {torch.get_num_threads()} thread(s); "
         f"prompts of {prompt_len} tokens; AR N={ar_tokens[0]}, n={ar_tokens[1]}; WeDLM W={window} at forced "
         f"acceptance, N={wedlm_windows[0] * window}, n={wedlm_windows[1] * window}; best of {repeats}, interleaved"
@@ -261,6 +260,4 @@ def bench_step_command(args) -> None:
     report = run_step_benchmark(
         batches=tuple(args.batches), repeats=args.repeats, threads=args.threads, compile=not args.no_compile
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(args.json, report)

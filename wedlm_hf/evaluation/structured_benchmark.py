@@ -7,9 +7,7 @@ token, and every output against its grammar (it must parse as JSON and be comple
 committed tokens came from: forced by the grammar, chosen among its allowed tokens, or the model's own fills.
 """
 
-import contextlib
 import json
-import time
 
 import torch
 from transformers import AutoTokenizer
@@ -17,7 +15,19 @@ from transformers import AutoTokenizer
 from ..data import default_model_path
 from ..modeling import WeDLMForCausalLM
 from ..structured import GrammarLogitsProcessor, compile_grammar
-from .benchmark import compiled_forward, swapped_forward
+from .bench_report import (
+    Column,
+    best_of,
+    plural,
+    ratio_column,
+    ratio_line,
+    shipped_or_path,
+    table_head,
+    table_row,
+    write_json,
+)
+from .compiled_forward import compiled_forward, swapped_in
+from .interleaved_runs import interleave
 
 
 def _record(properties: dict) -> dict:
@@ -73,6 +83,34 @@ COMPILED_DECODERS = {
 }
 
 
+class _GrammarDecoders:
+    """The decoders of one run: `decode(name, schema_name, prompt)` runs one under that schema's grammar (AR with
+    the grammar's logits processor, WeDLM with `grammar=`), a compiled one with the compiled forward swapped in."""
+
+    def __init__(self, model, tokenizer, new_tokens: int, compiled: bool, backend: str):
+        self.model, self.tokenizer, self.new_tokens = model, tokenizer, new_tokens
+        self.decoders = {**DECODERS, **(COMPILED_DECODERS if compiled else {})}
+        self.compiled = compiled
+        self.compiled_call = compiled_forward(model, backend) if compiled else None
+
+    def decode(self, name: str, schema_name: str, prompt: str):
+        """The generated tokens and the WeDLM stats (None for AR)."""
+        schema = SCHEMAS[schema_name]
+        ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+        common = dict(max_new_tokens=self.new_tokens, return_dict_in_generate=True)
+        fast = name in COMPILED_DECODERS
+        with swapped_in(self.model, self.compiled_call, fast):
+            extra = dict(disable_compile=True) if fast else {}
+            if name.startswith("AR"):
+                processor = GrammarLogitsProcessor(schema, self.tokenizer, vocab_size=self.model.config.vocab_size)
+                extra.update(do_sample=False, logits_processor=[processor])
+            else:
+                extra.update(grammar=schema, tokenizer=self.tokenizer)
+            out = self.model.generate(ids, **self.decoders[name], **extra, **common)
+        stats = getattr(out, "wedlm_stats", None)
+        return out.sequences[0, ids.shape[1] :].tolist(), stats[0] if stats else None
+
+
 def run_structured_benchmark(
     model_path: str,
     new_tokens: int = 96,
@@ -87,54 +125,57 @@ def run_structured_benchmark(
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = WeDLMForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    vocab = model.config.vocab_size
     items = [(name, prompt) for name in SCHEMAS for prompt in PROMPTS]
-    decoders = {**DECODERS, **(COMPILED_DECODERS if compiled else {})}
-    compiled_call = compiled_forward(model, compile_backend) if compiled else None
+    decoders = _GrammarDecoders(model, tokenizer, new_tokens, compiled, compile_backend)
+    outputs, mismatches, invalid = _check(decoders, items, log)
 
-    def decode(decoder: str, schema_name: str, prompt: str):
-        schema = SCHEMAS[schema_name]
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        common = dict(max_new_tokens=new_tokens, return_dict_in_generate=True)
-        fast = decoder in COMPILED_DECODERS
-        with swapped_forward(model, compiled_call) if fast else contextlib.nullcontext():
-            extra = dict(disable_compile=True) if fast else {}
-            if decoder.startswith("AR"):
-                processor = GrammarLogitsProcessor(schema, tokenizer, vocab_size=vocab)
-                extra.update(do_sample=False, logits_processor=[processor])
-            else:
-                extra.update(grammar=schema, tokenizer=tokenizer)
-            out = model.generate(ids, **decoders[decoder], **extra, **common)
-        stats = getattr(out, "wedlm_stats", None)
-        return out.sequences[0, ids.shape[1] :].tolist(), stats[0] if stats else None
+    def timed_run(name: str):
+        return lambda item: decoders.decode(name, *item)
 
+    timings = interleave({name: timed_run(name) for name in decoders.decoders}, repeats, cases=items)
+    rows = _rows(list(decoders.decoders), items, outputs, timings)
+    used = torch.get_num_threads()
+    log(
+        f"model: {shipped_or_path(model_path)}, cpu float32, {plural(used, 'thread')}; {len(SCHEMAS)} schemas x "
+        f"{len(PROMPTS)} prompts, at most {new_tokens} new tokens (eos stops), {best_of(repeats)}; grammar: llguidance"
+    )
+    _log_report(log, rows, compile_backend if compiled else None, len(mismatches), len(invalid))
+    return dict(
+        settings=dict(
+            new_tokens=new_tokens, repeats=repeats, threads=used, compiled=compile_backend if compiled else None
+        ),
+        decoders=rows,
+        mismatches=[list(m) for m in mismatches],
+        invalid=[list(i) for i in invalid],
+    )
+
+
+def _check(decoders: _GrammarDecoders, items: list, log) -> tuple[dict, list, list]:
+    """Every decoder on every item once, untimed (the compiled ones' warm-up): (item, decoder) -> (tokens, stats);
+    the outputs that should be AR + processor's and are not; the outputs that are no complete match of the schema."""
+    tokenizer, vocab = decoders.tokenizer, decoders.model.config.vocab_size
     outputs, mismatches, invalid = {}, [], []
     for item in items:
-        for decoder in decoders:
-            outputs[item, decoder] = decode(decoder, *item)
+        for decoder in decoders.decoders:
+            outputs[item, decoder] = decoders.decode(decoder, *item)
             tokens = outputs[item, decoder][0]
             if not _complete(tokens, tokenizer, SCHEMAS[item[0]], vocab):
                 invalid.append((decoder, *item))
                 log(f"!!! {decoder} on {item}: not a complete match of the schema: {tokenizer.decode(tokens)!r}")
-        for name in ("lossless + grammar", *(["AR + processor, compiled"] if compiled else [])):
+        for name in ("lossless + grammar", *(["AR + processor, compiled"] if decoders.compiled else [])):
             if outputs[item, name][0] != outputs[item, "AR + processor"][0]:
                 mismatches.append((name, *item))
                 log(f"!!! MISMATCH: {name} differs from AR + processor on {item}")
+    return outputs, mismatches, invalid
 
-    best = {}
-    for r in range(repeats):
-        names = list(decoders)
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for item in items:
-            for decoder in order:
-                start = time.perf_counter()
-                decode(decoder, *item)
-                best[item, decoder] = min(time.perf_counter() - start, best.get((item, decoder), float("inf")))
 
+def _rows(names: list, items: list, outputs: dict, timings) -> dict:
+    """decoder -> its tokens, forwards and best tokens/s over every item, its tokens by source (WeDLM decoders),
+    and its speed against AR + processor (and against it compiled, where that ran)."""
     rows = {}
-    for decoder in decoders:
+    for decoder in names:
         tokens = sum(len(outputs[item, decoder][0]) for item in items)
-        seconds = sum(best[item, decoder] for item in items)
+        seconds = sum(timings.best((item, decoder)) for item in items)
         stats = [outputs[item, decoder][1] for item in items]
         row = dict(tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds, forwards=tokens)
         if stats[0] is not None:
@@ -145,44 +186,35 @@ def run_structured_benchmark(
         row["tokens_per_forward"] = tokens / row["forwards"]
         rows[decoder] = row
     ar = rows["AR + processor"]["tokens_per_s"]
-    fastest = rows["AR + processor, compiled"]["tokens_per_s"] if compiled else None
-    for decoder in decoders:
+    fastest = rows["AR + processor, compiled"]["tokens_per_s"] if "AR + processor, compiled" in rows else None
+    for decoder in names:
         rows[decoder]["vs_ar"] = rows[decoder]["tokens_per_s"] / ar
         if fastest:
             rows[decoder]["vs_ar_compiled"] = rows[decoder]["tokens_per_s"] / fastest
+    return rows
 
-    used = torch.get_num_threads()
-    log(
-        f"model: {'the shipped model' if model_path == default_model_path() else model_path}, cpu float32, {used} "
-        f"thread{'s' * (used != 1)}; {len(SCHEMAS)} schemas x {len(PROMPTS)} prompts, at most {new_tokens} new tokens "
-        f"(eos stops), best of {repeats} interleaved run{'s' * (repeats != 1)}; grammar: llguidance"
-    )
+
+def _log_report(log, rows: dict, backend: str | None, mismatches: int, invalid: int) -> None:
+    """The table, the ratio and the legend, then the verdict of the check pass; `backend`: torch.compile's, where the
+    compiled decoders ran."""
     log(format_table(rows))
-    if compiled:
+    if backend is not None:
         log(
             "compiled: cache_implementation='static' with torch.compile(model.forward) (backend "
-            f"{compile_backend!r}); vs ARc = tokens/s against AR + processor, compiled"
+            f"{backend!r}); vs ARc = tokens/s against AR + processor, compiled"
         )
-    both = f"; both compiled: {rows['WeDLM W=4, compiled']['vs_ar_compiled']:.2f}x" if compiled else ""
-    log(f"WeDLM + grammar W=4 / AR + processor tokens/s: {rows['WeDLM + grammar W=4']['vs_ar']:.2f}x{both}")
+    both = f"; both compiled: {rows['WeDLM W=4, compiled']['vs_ar_compiled']:.2f}x" if backend is not None else ""
+    log(ratio_line("WeDLM + grammar W=4 / AR + processor tokens/s", rows["WeDLM + grammar W=4"]["vs_ar"], both))
     log(
         "tokens by source: forced = filled by the grammar without the model, constrained = the model's choice among "
         "the grammar's allowed tokens (default mode: the slot after the committed text, and confident slots after "
         "it), model = the model's own fills (lossless: every AR token, each verified draft included)"
     )
     if mismatches or invalid:
-        log(f"!!! {len(mismatches)} mismatch(es) with AR + processor, {len(invalid)} incomplete output(s)")
+        log(f"!!! {mismatches} mismatch(es) with AR + processor, {invalid} incomplete output(s)")
     else:
-        same = "lossless + grammar" + (" and AR + processor, compiled," if compiled else "")
+        same = "lossless + grammar" + (" and AR + processor, compiled," if backend is not None else "")
         log(f"{same} identical to AR + processor on every prompt; every output a complete match")
-    return dict(
-        settings=dict(
-            new_tokens=new_tokens, repeats=repeats, threads=used, compiled=compile_backend if compiled else None
-        ),
-        decoders=rows,
-        mismatches=[list(m) for m in mismatches],
-        invalid=[list(i) for i in invalid],
-    )
 
 
 def _complete(tokens: list[int], tokenizer, schema: dict, vocab: int) -> bool:
@@ -201,18 +233,23 @@ def _complete(tokens: list[int], tokenizer, schema: dict, vocab: int) -> bool:
     return state.accepting()
 
 
+def _columns(compiled: bool) -> list[Column]:
+    """The table's columns; "vs ARc" where the compiled AR ran. Rows of AR decoders end before the token sources."""
+    columns = [Column("decoder", 26, align="<"), Column("tokens", 7), Column("forwards", 9)]
+    columns += [Column("tok/fwd", 8, ".2f"), Column("tok/s", 8, ".0f"), ratio_column("vs AR", 7)]
+    columns += [ratio_column("vs ARc", 8)] if compiled else []
+    return columns + [Column("forced", 8), Column("constr.", 8), Column("model", 7)]
+
+
 def format_table(rows: dict) -> str:
     compiled = "vs_ar_compiled" in next(iter(rows.values()))
-    head = f"{'decoder':<26}{'tokens':>7}{'forwards':>9}{'tok/fwd':>8}{'tok/s':>8}{'vs AR':>7}"
-    head += f"{'vs ARc':>8}" if compiled else ""
-    lines = [head + f"{'forced':>8}{'constr.':>8}{'model':>7}"]
+    columns = _columns(compiled)
+    lines = [table_head(columns)]
     for decoder, r in rows.items():
-        line = f"{decoder:<26}{r['tokens']:>7}{r['forwards']:>9}{r['tokens_per_forward']:>8.2f}"
-        line += f"{r['tokens_per_s']:>8.0f}{r['vs_ar']:>6.2f}x"
-        line += f"{r['vs_ar_compiled']:>7.2f}x" if compiled else ""
-        if "forced" in r:
-            line += f"{r['forced']:>8}{r['constrained']:>8}{r['model']:>7}"
-        lines.append(line)
+        values = [decoder, r["tokens"], r["forwards"], r["tokens_per_forward"], r["tokens_per_s"], r["vs_ar"]]
+        values += [r["vs_ar_compiled"]] if compiled else []
+        values += [r["forced"], r["constrained"], r["model"]] if "forced" in r else []
+        lines.append(table_row(columns, values))
     return "\n".join(lines)
 
 
@@ -225,8 +262,6 @@ def bench_structured_command(args) -> None:
         threads=args.threads,
         compiled=not args.no_compile,
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(args.json, report)
     if report["mismatches"] or report["invalid"]:
         raise SystemExit("structured output check failed (see the lines marked !!!)")
