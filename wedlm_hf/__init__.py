@@ -12,7 +12,8 @@ The package is a core and wings around it:
 - `training/`: dual-stream batches, `wedlm-hf train`, AR-to-WeDLM conversion.
 - `data/`: the shipped model's corpus, tasks and tokenizer, and `default_model_path()`.
 - `hub/`: export, model cards, push, `custom_generate`.
-- `evaluation/`: `evaluate`, `bench`, the no-cache baseline, the `generate` demo.
+- `evaluation/`: `evaluate`, the benchmarks (`bench`, `bench-step`, `bench-lossless`, `bench-structured`,
+  `bench-serve`), the no-cache baseline, the `generate` demo.
 - `structured/`: grammars for structured output (llguidance), found by the core through an entry point.
 - `cli.py`: the `wedlm-hf` command, parsing and dispatch only; `commands/`: each command's flags.
 

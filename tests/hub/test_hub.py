@@ -16,10 +16,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3
 
 from wedlm_hf import WeDLMConfig, WeDLMForCausalLM, generate_wedlm
 from wedlm_hf.cli import main as cli
+from wedlm_hf.evaluation.server_process import free_port
 from wedlm_hf.hub.custom_generate import export_custom_generate
 from wedlm_hf.hub.export import export_checkpoint, remote_code_files
 from wedlm_hf.hub.push import HubUnreachableError
-from wedlm_hf.serving.bench_serve import free_port
 
 CODE_FILES = {p.name for p in remote_code_files()}
 DECODE = dict(

@@ -15,7 +15,7 @@ import urllib.request
 
 import websocket
 
-from wedlm_hf.serving.bench_serve import free_port
+from wedlm_hf.evaluation.server_process import free_port
 
 FLAGS = [
     "--headless",

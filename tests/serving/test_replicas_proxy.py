@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from wedlm_hf.serving.bench_serve import free_port
+from wedlm_hf.evaluation.server_process import free_port
 
 CONFIG = Path(__file__).parents[2] / "examples" / "replicas" / "nginx.conf"
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)

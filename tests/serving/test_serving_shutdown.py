@@ -15,7 +15,7 @@ import httpx
 import pytest
 from live_server import MODEL_ID, LiveServer, offline_text
 
-from wedlm_hf.serving.bench_serve import free_port
+from wedlm_hf.evaluation.server_process import free_port
 
 LONG = {"prompt": "def main():", "max_tokens": 900, "wedlm_window_size": 1, "wedlm_entropy_threshold": None}
 

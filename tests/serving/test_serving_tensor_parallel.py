@@ -19,7 +19,7 @@ import pytest
 from conftest import build_model, char_tokenizer  # noqa: F401 - char_tokenizer is a fixture
 from live_server import LiveServer, engine
 
-from wedlm_hf.serving.bench_serve import free_port
+from wedlm_hf.evaluation.server_process import free_port
 from wedlm_hf.serving.engine import ServingEngine
 
 PROMPTS = ["def fib(n):", "import os\nimport", "The quick brown fox"]

@@ -29,7 +29,7 @@ from transformers import (
 from wedlm_hf import WeDLMForCausalLM
 from wedlm_hf.cli import console
 from wedlm_hf.cli import main as cli
-from wedlm_hf.serving.bench_serve import free_port
+from wedlm_hf.evaluation.server_process import free_port
 
 SHAPE = dict(
     hidden_size=32,

@@ -1,11 +1,11 @@
-"""`wedlm-hf bench-serve`: its options; `wedlm_hf.evaluation.bench_serve` runs it."""
+"""`wedlm-hf bench-serve`: its options; `wedlm_hf.evaluation.serve_benchmark` runs it."""
 
 from .argument_types import existing_file, positive_int
 from .shared_options import DTYPE_HELP, add_dtype, add_json_output, add_model_folder
 
 NAME = "bench-serve"
 HELP = "concurrent streaming clients: serve vs batch size 1 vs transformers serve"
-RUNS = "serving.bench_serve:bench_serve_command"
+RUNS = "evaluation.serve_benchmark:bench_serve_command"
 
 
 def add_arguments(parser) -> None:

@@ -8,6 +8,9 @@
   `wedlm-hf bench-structured`, WeDLM under a JSON schema against AR with the grammar's processor.
 - `interleaved_runs`, `bench_report`, `compiled_forward`: what the benchmarks share: runs interleaved and kept at
   their best, the tables, ratios and counts they print, a compiled forward swapped in for some runs.
+- `serve_benchmark`: `wedlm-hf bench-serve`, concurrent streaming clients (`streaming_clients`) against servers
+  each in its own process (`server_process`, whose `free_port` tests use too); `stock_qwen3`: the same weights as
+  a stock Qwen3 checkpoint, for `transformers serve`.
 - `demo`: `wedlm-hf generate`, a streamed completion next to plain AR.
 
 Public to other wings: nothing. Imports the core and the data wing's `default_model_path` and task items.

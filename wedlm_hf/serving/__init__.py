@@ -15,7 +15,6 @@
 - `responses`: OpenAI response bodies and stream chunks.
 - `app`: the FastAPI routes and the playground page (`playground.html`, `playground.js`).
 - `server`: uvicorn with a draining shutdown; `wedlm-hf serve`.
-- `bench_serve`, `stock_qwen3`: `wedlm-hf bench-serve` against batch size 1 and `transformers serve`.
 
 Imports the core, and `default_model_path` and `load_dtype` from the data wing; nothing imports this wing.
 """

@@ -15,20 +15,18 @@ wall time, time to first token and request latency (p50 / p95).
 in a short question each, to `wedlm` against `wedlm-nocache` (the same server with `--prefix-cache-tokens 0`).
 """
 
-import asyncio
 import json
-import math
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+
+from .bench_report import Column, ratio_line, table_head, table_row
+from .server_process import ServerProcess, free_port
+from .streaming_clients import LevelResult, run_level
 
 SERVERS = {
     "wedlm": "wedlm-hf serve",
@@ -71,198 +69,6 @@ def bench_prompts(count: int, seed: int = 0) -> list[str]:
         else:
             prompts.append("copy: " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 10))) + " =>")
     return prompts
-
-
-@dataclass
-class RequestTiming:
-    ttft: float
-    latency: float
-    tokens: int
-
-
-@dataclass
-class LevelResult:
-    server: str
-    clients: int
-    requests: int
-    seconds: float
-    requests_per_s: float
-    tokens_per_s: float
-    ttft_p50: float
-    latency_p50: float
-    latency_p95: float
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
-
-
-async def _request(http, url: str, model: str, prompt: str, max_tokens: int, count_tokens) -> RequestTiming:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    start, first, pieces, tokens = time.perf_counter(), None, [], None
-    async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"{url}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: ") :]
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise RuntimeError(f"{url}: {chunk['error']}")
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            for choice in chunk.get("choices") or []:
-                if choice.get("text"):
-                    first = first or time.perf_counter()
-                    pieces.append(choice["text"])
-    end = time.perf_counter()
-    if tokens is None:
-        tokens = count_tokens("".join(pieces))
-    return RequestTiming((first or end) - start, end - start, tokens)
-
-
-async def _level(url, model, clients, requests_per_client, prompts, max_tokens, count_tokens):
-    import httpx
-
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
-
-        async def client(c: int) -> list[RequestTiming]:
-            return [
-                await _request(
-                    http, url, model, prompts[(c * requests_per_client + r) % len(prompts)], max_tokens, count_tokens
-                )
-                for r in range(requests_per_client)
-            ]
-
-        start = time.perf_counter()
-        per_client = await asyncio.gather(*(client(c) for c in range(clients)))
-        return [t for timings in per_client for t in timings], time.perf_counter() - start
-
-
-def run_level(
-    url: str,
-    model: str,
-    clients: int,
-    requests_per_client: int,
-    prompts: list[str],
-    max_tokens: int,
-    server: str = "",
-    count_tokens=None,
-) -> LevelResult:
-    """`clients` concurrent streaming clients against `url`, each sending `requests_per_client` requests."""
-    timings, seconds = asyncio.run(
-        _level(url, model, clients, requests_per_client, prompts, max_tokens, count_tokens or _no_count)
-    )
-    latencies = [t.latency for t in timings]
-    return LevelResult(
-        server=server,
-        clients=clients,
-        requests=len(timings),
-        seconds=seconds,
-        requests_per_s=len(timings) / seconds,
-        tokens_per_s=sum(t.tokens for t in timings) / seconds,
-        ttft_p50=percentile([t.ttft for t in timings], 50),
-        latency_p50=percentile(latencies, 50),
-        latency_p95=percentile(latencies, 95),
-    )
-
-
-def _no_count(text: str) -> int:
-    raise RuntimeError("the server sent no usage; pass count_tokens to count the streamed text")
-
-
-_PORTS = random.SystemRandom()  # not the `random` module's state: a seeded test would make every run pick alike
-_GIVEN: set[int] = set()  # ports this process was given, perhaps not bound yet: never given twice
-_GIVING = threading.Lock()
-
-
-def unassigned_ports() -> range | None:
-    """Ports the kernel never hands out by itself (`bind(0)`, a client's `connect`): up to 12,000 below its
-    ephemeral range, else above it; None where neither side has 1,000 (a range of nearly every port)."""
-    try:
-        low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
-    except (OSError, ValueError):
-        low, high = 32768, 60999  # Linux's default; other systems start theirs higher
-    for ports in (range(max(1024, low - 12000), low), range(high + 1, min(65536, high + 12001))):
-        if len(ports) >= 1000:
-            return ports
-    return None
-
-
-def free_port() -> int:
-    """A free 127.0.0.1 port for a server that binds it later, never the same twice in this process.
-
-    A port the kernel hands out for `bind(0)` can be handed out again, to a rendezvous store, a gloo pair or any
-    client socket, before the server that was told it binds it: the port comes from outside the kernel's range
-    (`unassigned_ports`), drawn from the system's entropy, so that concurrent runs stay apart."""
-    ports = unassigned_ports()
-    with _GIVING:
-        for _ in range(200):
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", 0 if ports is None else _PORTS.choice(ports)))
-                except OSError:
-                    continue
-                port = sock.getsockname()[1]
-            if port not in _GIVEN:
-                _GIVEN.add(port)
-                return port
-    raise RuntimeError("no free port on 127.0.0.1 after 200 tries")
-
-
-class ServerProcess:
-    """A server in its own process on 127.0.0.1, ready once GET /health answers 200."""
-
-    def __init__(self, command: list[str], port: int, log: Path, threads: int):
-        self.port, self.log = port, log
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        self._log_file = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"the server did not answer /health within {timeout:.0f} s; log: {self.log}")
-
-    def stop(self) -> None:
-        """SIGINT, then SIGTERM, then SIGKILL (transformers serve with continuous batching ignores the first)."""
-        for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            if self.process.poll() is not None:
-                break
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(wait)
-            except subprocess.TimeoutExpired:
-                continue
-        self._log_file.close()
 
 
 def server_command(
@@ -333,6 +139,17 @@ def bench_serve(
         wanted = [s for s in wanted if not s.startswith("tf")]
     count = max(clients) * requests_per_client
     prompts = shared_prefix_prompts(count, count_tokens) if workload == "shared-prefix" else bench_prompts(count)
+
+    def levels(kind: str, url: str, name: str) -> list[LevelResult]:
+        """Every concurrency level against one server, after an untimed warm-up (one request, then one burst)."""
+        run_level(url, name, 1, 1, prompts, max_tokens, kind, count_tokens)
+        run_level(url, name, max(clients), 1, prompts, max_tokens, kind, count_tokens)
+        results = []
+        for n in clients:
+            results.append(run_level(url, name, n, requests_per_client, prompts, max_tokens, kind, count_tokens))
+            print_fn(_row(results[-1]), flush=True)
+        return results
+
     results = []
     with tempfile.TemporaryDirectory(prefix="wedlm-bench-serve-") as scratch:
         stock_dir = None
@@ -356,15 +173,7 @@ def bench_serve(
             server = ServerProcess(command, port, Path(scratch) / f"{kind}.log", threads)
             try:
                 server.wait_ready()
-                name = stock_dir if kind.startswith("tf") else _served_name(server.url)
-                run_level(server.url, name, 1, 1, prompts, max_tokens, kind, count_tokens)  # warm-up, untimed
-                run_level(server.url, name, max(clients), 1, prompts, max_tokens, kind, count_tokens)
-                for n in clients:
-                    result = run_level(
-                        server.url, name, n, requests_per_client, prompts, max_tokens, kind, count_tokens
-                    )
-                    results.append(result)
-                    print_fn(_row(result), flush=True)
+                results += levels(kind, server.url, stock_dir if kind.startswith("tf") else _served_name(server.url))
             finally:
                 server.stop()
     return results
@@ -376,17 +185,22 @@ def _served_name(url: str) -> str:
     return httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
 
 
-HEADER = (
-    f"{'server':<10} {'clients':>7} {'requests':>8} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} "
-    f"{'lat p50':>8} {'lat p95':>8}"
-)
+COLUMNS = [
+    Column("server", 10, align="<"),
+    Column("clients", 7),
+    Column("requests", 8),
+    Column("req/s", 7, ".2f"),
+    Column("out tok/s", 9, ".1f"),
+    Column("TTFT p50", 9, ".3f", "s"),
+    Column("lat p50", 8, ".2f", "s"),
+    Column("lat p95", 8, ".2f", "s"),
+]
+HEADER = table_head(COLUMNS, sep=" ")
 
 
 def _row(r: LevelResult) -> str:
-    return (
-        f"{r.server:<10} {r.clients:>7} {r.requests:>8} {r.requests_per_s:>7.2f} {r.tokens_per_s:>9.1f} "
-        f"{r.ttft_p50:>8.3f}s {r.latency_p50:>7.2f}s {r.latency_p95:>7.2f}s"
-    )
+    values = [r.server, r.clients, r.requests, r.requests_per_s, r.tokens_per_s]
+    return table_row(COLUMNS, [*values, r.ttft_p50, r.latency_p50, r.latency_p95], sep=" ")
 
 
 def summary(results: list[LevelResult]) -> list[str]:
@@ -397,12 +211,11 @@ def summary(results: list[LevelResult]) -> list[str]:
     for other in ("wedlm-b1", "wedlm-nocache", "wedlm-tp", "tf", "tf-cb"):
         if top is not None and (other, top) in by:
             ratio = by[("wedlm", top)].tokens_per_s / by[(other, top)].tokens_per_s
-            lines.append(f"wedlm / {other} output tokens/s at {top} clients: {ratio:.2f}x")
+            lines.append(ratio_line(f"wedlm / {other} output tokens/s at {top} clients", ratio))
             if other == "wedlm-nocache":
                 faster = by[(other, top)].ttft_p50 / by[("wedlm", top)].ttft_p50
-                lines.append(
-                    f"time to first token p50, without / with the prefix cache at {top} clients: {faster:.2f}x"
-                )
+                label = f"time to first token p50, without / with the prefix cache at {top} clients"
+                lines.append(ratio_line(label, faster))
     return lines
 
 

@@ -3,20 +3,18 @@
 import json
 import random
 import socket
+import sys
 from pathlib import Path
 
 import pytest
-from live_server import MODEL_ID, LiveServer
 
 from wedlm_hf.cli import main as cli
-from wedlm_hf.serving.bench_serve import (
-    bench_prompts,
-    free_port,
-    percentile,
-    run_level,
-    server_command,
-    unassigned_ports,
-)
+from wedlm_hf.evaluation.serve_benchmark import bench_prompts, server_command
+from wedlm_hf.evaluation.server_process import free_port, unassigned_ports
+from wedlm_hf.evaluation.streaming_clients import percentile, run_level
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
+from live_server import MODEL_ID, LiveServer  # noqa: E402
 
 
 def test_clients_measure_a_live_server():
@@ -57,7 +55,7 @@ def test_bench_serve_refuses_unknown_servers(capsys):
 
 
 def test_shared_prefix_workload_prompts_and_servers():
-    from wedlm_hf.serving.bench_serve import SHARED_PREFIX_TOKENS, shared_prefix_prompts
+    from wedlm_hf.evaluation.serve_benchmark import SHARED_PREFIX_TOKENS, shared_prefix_prompts
 
     words = shared_prefix_prompts(4, lambda text: len(text.split()))
     start = words[0].split(" => ok.")[0]
