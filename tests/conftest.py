@@ -15,11 +15,41 @@ from transformers import PreTrainedTokenizerFast
 
 from wedlm_hf import WeDLMConfig, WeDLMForCausalLM
 
-torch.set_num_threads(1)  # tiny models: one thread is fastest and deterministic
+THREADS = 1  # tiny models: one thread is fastest and deterministic
+torch.set_num_threads(THREADS)
 
 VOCAB = 96
 MASK_ID = 95
 EOS_ID = 94
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """What `-n auto` (pyproject's addopts) means: one worker per core this process may run on (its affinity, and
+    a container's CPU quota where one is set), at most the physical cores. Each worker runs torch on one thread."""
+    import math
+
+    import psutil
+
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = min(allowed, psutil.cpu_count(logical=False) or allowed)
+    try:  # cgroup v2: "max 100000" (no quota) or "200000 100000" (two CPUs' worth)
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(cores, 1)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Every test ends on THREADS torch threads, whatever it ran: commands run in-process (`bench`, `evaluate`,
+    `serve --threads`) set torch's thread count for the whole process, which would otherwise carry over to the tests
+    that follow on the same worker (the tiny models here run several times slower on two threads, and two workers
+    on two threads each oversubscribe the cores)."""
+    yield
+    if torch.get_num_threads() != THREADS:
+        torch.set_num_threads(THREADS)
 
 
 # generate(strategy="wedlm") as most generation tests call it: a small window whose threshold fills several masks
