@@ -80,6 +80,7 @@ def dry_run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.heavy  # a dry run of the GPU check
 def test_gpu_check_cpu_dry_run():
     result = dry_run()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -100,6 +101,7 @@ def test_gpu_check_cpu_dry_run():
     assert len(re.findall(r"^sampled (default|lossless) mode, .*: host reads per step \[(1, )*1\]", out, re.M)) == 2
 
 
+@pytest.mark.heavy  # a dry run of the GPU check
 def test_gpu_check_runs_only_the_parts_asked_for(tmp_path):
     """--parts e: bench-lossless alone (its dry run: one prompt a family), its JSON kept in --json-dir."""
     result = dry_run("--parts", "e", "--json-dir", str(tmp_path))

@@ -136,6 +136,7 @@ def test_static_refusals(model64):
         model64.generate(ids, max_new_tokens=4, cache_implementation="offloaded", **WEDLM_COMMON)
 
 
+@pytest.mark.heavy  # dynamo traces each case's graphs afresh: what is counted
 @pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_compiled_forward_does_not_recompile_per_step(batch, lossless):

@@ -16,7 +16,10 @@ from wedlm_hf.evaluation.server_process import free_port
 
 CONFIG = Path(__file__).parents[2] / "examples" / "replicas" / "nginx.conf"
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx)")
+pytestmark = [
+    pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx)"),
+    pytest.mark.heavy,  # three processes: two servers and nginx
+]
 
 
 def wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:

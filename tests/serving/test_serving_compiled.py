@@ -97,6 +97,7 @@ def staggered(live: LiveServer, body: dict) -> list[tuple[str, str, int]]:
     return answers
 
 
+@pytest.mark.heavy  # the compile of the servers' step
 @pytest.mark.parametrize("body", [{}, {"wedlm_lossless": True}], ids=["default", "lossless"])
 def test_compiled_server_answers_what_the_eager_server_answers(servers, body):
     eager, compiled, taken = servers

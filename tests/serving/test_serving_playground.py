@@ -13,6 +13,9 @@ PROMPT = "count from 20 by 5, 20 numbers:"
 SETTINGS = {"wedlm_window_size": 8, "wedlm_entropy_threshold": 0.6, "wedlm_lossless": False}
 
 
+pytestmark = pytest.mark.heavy  # a browser
+
+
 @pytest.fixture(scope="module")
 def chromium():
     path, why = find_or_install_chromium()
