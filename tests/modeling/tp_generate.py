@@ -1,6 +1,7 @@
 """Runs `generate` on a model in every mode the suite checks under tensor parallelism; imported by
 test_tensor_parallel_generate.py for the single process, and run by it under `torchrun` as every rank would be:
-`python tp_generate.py FOLDER DTYPE OUT.json`."""
+`python tp_generate.py OUT.json FOLDER DTYPE [FOLDER DTYPE ...]` (the models one after the other, in one process
+group: the ranks start once for all of them)."""
 
 import json
 import sys
@@ -35,7 +36,9 @@ def run_cases(model, tokenizer) -> dict:
     return out
 
 
-def main(folder: str, dtype: str, destination: str) -> None:
+def run_ranked(folder: str, dtype: str) -> dict:
+    """One model loaded with `tp_plan="auto"` on this rank: its cases, the warnings our code raised, and what ranks
+    seeded apart sample (gathered from every rank)."""
     import torch.distributed as dist
     from transformers import AutoTokenizer
     from transformers.distributed import DistributedConfig
@@ -56,18 +59,23 @@ def main(folder: str, dtype: str, destination: str) -> None:
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, drawn.tolist())
     sharded = model.model.layers[0].self_attn.q_proj.weight
+    return {
+        "results": results,
+        "warnings": ours,
+        "world": dist.get_world_size(),
+        "sharded": type(sharded).__name__,
+        "apart": every,
+    }
+
+
+def main(destination: str, *models: str) -> None:
+    """Each (FOLDER, DTYPE) pair in turn; rank 0 writes {FOLDER: what `run_ranked` found} to `destination`."""
+    import torch.distributed as dist
+
+    found = {folder: run_ranked(folder, dtype) for folder, dtype in zip(models[::2], models[1::2])}
     if dist.get_rank() == 0:
         with open(destination, "w") as f:
-            json.dump(
-                {
-                    "results": results,
-                    "warnings": ours,
-                    "world": dist.get_world_size(),
-                    "sharded": type(sharded).__name__,
-                    "apart": every,
-                },
-                f,
-            )
+            json.dump(found, f)
     dist.destroy_process_group()
 
 
