@@ -3,7 +3,8 @@ what one process answers; a rank that dies ends the server within seconds; SIGTE
 
 The real command runs in a subprocess (it starts its ranks with torchrun's launcher); the single-process server it is
 compared with runs here, on the same shipped model. The prefix cache is on in both: under tensor parallelism rank 0
-holds it with whole heads, gathered from the ranks and scattered back to them."""
+holds it with whole heads, gathered from the ranks and scattered back to them. The tests that start ranks are
+`heavy` (docs/development.md, "Tests")."""
 
 import json
 import os
@@ -19,6 +20,7 @@ import pytest
 from conftest import build_model, char_tokenizer  # noqa: F401 - char_tokenizer is a fixture
 from live_server import LiveServer, engine
 
+from wedlm_hf.cli import console
 from wedlm_hf.evaluation.server_process import free_port
 from wedlm_hf.serving.engine import ServingEngine
 
@@ -53,6 +55,15 @@ class RankedServer:
     """The real `wedlm-hf serve --tensor-parallel-size 2` in a subprocess, its output in `log`."""
 
     def __init__(self, tmp_path, *extra: str):
+        for _ in range(3):  # a port found free can be taken before the server binds it (other tests run beside)
+            self._start(tmp_path, extra)
+            if self._wait_healthy():
+                return
+            assert "address already in use" in self.output(), self.output()
+            self.log.close()
+        raise AssertionError(f"no free port in three tries: {self.output()}")
+
+    def _start(self, tmp_path, extra) -> None:
         self.port = free_port()
         self.log_path = tmp_path / f"serve-{self.port}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
@@ -62,12 +73,17 @@ class RankedServer:
             [*command, "--tensor-parallel-size", "2", *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env
         )
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def _wait_healthy(self) -> bool:
+        """True once /health answers; False if the command ended first (the caller reads why)."""
         deadline = time.monotonic() + 180
         while True:
-            assert self.process.poll() is None and time.monotonic() < deadline, self.output()
+            if self.process.poll() is not None:
+                return False
+            assert time.monotonic() < deadline, self.output()
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
+                    return True
             except httpx.HTTPError:
                 time.sleep(0.2)
 
@@ -114,6 +130,7 @@ def without_logprobs(choices):
     return [{k: v for k, v in c.items() if k != "logprobs"} for c in choices]
 
 
+@pytest.mark.heavy
 def test_two_ranks_answer_what_one_process_answers(ranked):
     health = httpx.get(f"{ranked.url}/health", timeout=10).json()
     assert health["tensor_parallel_size"] == 2 and health["prefix_cache"]["enabled"]
@@ -133,6 +150,7 @@ def test_two_ranks_answer_what_one_process_answers(ranked):
     assert "Traceback" not in ranked.output()
 
 
+@pytest.mark.heavy
 def test_echo_scoring_beside_decoding_keeps_the_ranks_in_step(ranked):
     """An echo's scoring forward (sent from a worker thread) while streams decode (sent from the loop thread): the
     ranks see every collective in the same order, and every answer is what it is alone."""
@@ -169,6 +187,7 @@ RANDOM_REQUESTS = [
 ]
 
 
+@pytest.mark.heavy
 def test_two_ranks_on_a_float64_random_model_answer_what_one_process_answers(tmp_path, char_tokenizer):  # noqa: F811
     """A random model in float64: a near tie in float32 cannot hide a difference, nor fake one."""
     folder = tmp_path / "random64"
@@ -190,16 +209,13 @@ def test_two_ranks_on_a_float64_random_model_answer_what_one_process_answers(tmp
         server.stop()
 
 
-def test_tensor_parallel_refuses_compile_and_quantization(tmp_path):
+def test_tensor_parallel_refuses_compile_and_quantization(capsys):
+    """The command's own exit status and line (`console`, what the installed script runs), in this process: the
+    refusal comes before any rank starts or the model loads."""
     for extra in (["--compile"], ["--quantization", "torchao-int8"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "wedlm_hf.cli", "serve", "--tensor-parallel-size", "2", *extra],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 1
-        assert f"--tensor-parallel-size: {extra[0]} is not available under tensor parallelism" in done.stderr
+        assert console(["serve", "--tensor-parallel-size", "2", *extra]) == 1
+        stderr = capsys.readouterr().err
+        assert f"--tensor-parallel-size: {extra[0]} is not available under tensor parallelism" in stderr
 
 
 def stream_long(url: str, out: dict, started: threading.Event) -> None:
@@ -217,6 +233,7 @@ def stream_long(url: str, out: dict, started: threading.Event) -> None:
     started.set()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("end", ["rank 1 killed", "SIGTERM", "launcher killed"])
 def test_a_dead_rank_or_sigterm_ends_every_rank(end, tmp_path):
     server = RankedServer(tmp_path, "--shutdown-timeout", "1")
