@@ -47,52 +47,26 @@ def run_demo(
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     check_prompt(ids.shape[1], max_new_tokens, model.config.max_position_embeddings)
     options = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+    wedlm = dict(
+        wedlm_window_size=window_size,
+        wedlm_entropy_threshold=threshold,
+        wedlm_pos_penalty_factor=penalty,
+        wedlm_lossless=lossless,
+    )
     # None: the model's generation config decides (then the built-in defaults), as for generate() itself.
-    context = {
-        key: value
-        for key, value in (("wedlm_context_drafts", context_drafts), ("wedlm_context_ngram", context_ngram))
-        if value is not None
-    }
+    for key, value in (("wedlm_context_drafts", context_drafts), ("wedlm_context_ngram", context_ngram)):
+        if value is not None:
+            wedlm[key] = value
 
     # One short untimed run of each method first, so neither timing includes one-time start-up costs.
     model.generate(ids, do_sample=False, max_new_tokens=2, pad_token_id=tokenizer.pad_token_id)
     model.generate(ids, strategy="wedlm", max_new_tokens=2, pad_token_id=tokenizer.pad_token_id)
 
     print_fn(prompt, end="", flush=True)
-    start = time.perf_counter()
-    try:
-        out = model.generate(
-            ids,
-            strategy="wedlm",
-            wedlm_window_size=window_size,
-            wedlm_entropy_threshold=threshold,
-            wedlm_pos_penalty_factor=penalty,
-            wedlm_lossless=lossless,
-            **context,
-            streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
-            return_dict_in_generate=True,
-            **options,
-        )
-    except BaseException:  # Ctrl-C or an error: end the streamed line, so the message starts on its own line
-        print_fn(flush=True)
-        raise
-    wedlm_seconds = time.perf_counter() - start
-    stats = out.wedlm_stats[0]
-    report = {"wedlm": {**stats.to_dict(), "seconds": wedlm_seconds, "tokens_per_s": stats.tokens / wedlm_seconds}}
+    out, seconds = _streamed(model, tokenizer, ids, print_fn, **wedlm, **options)
     mode = "WeDLM lossless" if lossless else "WeDLM"
-    accepted = ""
-    if stats.acceptance_rate is not None:
-        model_drafts = stats.accepted_drafts - stats.accepted_context_drafts
-        report["wedlm"]["accepted_drafts_by_source"] = {"model": model_drafts, "context": stats.accepted_context_drafts}
-        accepted = (
-            f", {stats.acceptance_rate:.0%} of drafts accepted (model {model_drafts}, "
-            f"context {stats.accepted_context_drafts})"
-        )
-    print_fn(
-        f"\n--\n{mode} (W={window_size}, tau={threshold}, lambda={penalty}): {stats.tokens} tokens in "
-        f"{stats.forwards} forwards = {stats.tokens_per_forward:.2f} tokens/forward, p_cache {stats.p_cache:.2f}, "
-        f"{report['wedlm']['tokens_per_s']:.1f} tokens/s{accepted}"
-    )
+    settings = f"{mode} (W={window_size}, tau={threshold}, lambda={penalty})"
+    report = {"wedlm": _wedlm_summary(out.wedlm_stats[0], seconds, settings, print_fn)}
     if compare:
         start = time.perf_counter()
         ar = model.generate(ids, do_sample=False, **options)
@@ -107,6 +81,42 @@ def run_demo(
         if lossless:
             print_fn(f"output identical to plain AR generate: {'yes' if report['identical_to_ar'] else 'NO'}")
     return report
+
+
+def _streamed(model, tokenizer, ids, print_fn, **options):
+    """WeDLM's decoding, its text streamed as it commits; the output and its wall time."""
+    start = time.perf_counter()
+    try:
+        out = model.generate(
+            ids,
+            strategy="wedlm",
+            streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
+            return_dict_in_generate=True,
+            **options,
+        )
+    except BaseException:  # Ctrl-C or an error: end the streamed line, so the message starts on its own line
+        print_fn(flush=True)
+        raise
+    return out, time.perf_counter() - start
+
+
+def _wedlm_summary(stats, seconds: float, settings: str, print_fn) -> dict:
+    """The streamed run's counts and speed (with its drafts by source, in lossless mode), printed under it."""
+    summary = {**stats.to_dict(), "seconds": seconds, "tokens_per_s": stats.tokens / seconds}
+    accepted = ""
+    if stats.acceptance_rate is not None:
+        model_drafts = stats.accepted_drafts - stats.accepted_context_drafts
+        summary["accepted_drafts_by_source"] = {"model": model_drafts, "context": stats.accepted_context_drafts}
+        accepted = (
+            f", {stats.acceptance_rate:.0%} of drafts accepted (model {model_drafts}, "
+            f"context {stats.accepted_context_drafts})"
+        )
+    print_fn(
+        f"\n--\n{settings}: {stats.tokens} tokens in "
+        f"{stats.forwards} forwards = {stats.tokens_per_forward:.2f} tokens/forward, p_cache {stats.p_cache:.2f}, "
+        f"{summary['tokens_per_s']:.1f} tokens/s{accepted}"
+    )
+    return summary
 
 
 def generate_command(args) -> None:

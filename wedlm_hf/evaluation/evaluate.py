@@ -8,7 +8,6 @@ process, interleaved, so the wall-clock ratio compares like with like. The JSON 
 import json
 import platform
 import random
-import time
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from ..data import (
     task_items,
 )
 from ..modeling import WeDLMForCausalLM
+from .interleaved_runs import timed
 
 LOW_ENTROPY = ("counting", "copying")
 
@@ -108,14 +108,54 @@ class _Clock:
         self.tokens, self.seconds = 0, 0.0
 
     def run(self, fn):
-        start = time.perf_counter()
-        out = fn()
-        self.seconds += time.perf_counter() - start
+        seconds, out = timed(fn)
+        self.seconds += seconds
         return out
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+
+class _SideBySide:
+    """AR, WeDLM and lossless WeDLM on each item of one family, one after the other so that all three clocks see the
+    same machine; WeDLM's forwards are counted against the fewest that could commit its tokens."""
+
+    def __init__(self, model, eos: int, family: str, wedlm_args: dict):
+        self.model, self.eos, self.wedlm_args = model, eos, wedlm_args
+        self.ar_clock, self.wedlm_clock, self.lossless = _Clock(), _Clock(), _Lossless(family)
+        self.forwards = self.tokens = self.fewest = 0
+
+    def __call__(self, ids: list[int], new_tokens: int, prompt: str) -> tuple[list[int], list[int]]:
+        """The tokens AR and WeDLM generate after `ids`; lossless WeDLM's are checked against AR's."""
+        model, eos, x = self.model, self.eos, torch.tensor([ids])
+        ar = self.ar_clock.run(
+            lambda: model.generate(x, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        )[0, len(ids) :].tolist()
+        out = self.wedlm_clock.run(lambda: model.generate(x, max_new_tokens=new_tokens, **self.wedlm_args))
+        exact = self.lossless.clock.run(
+            lambda: model.generate(x, max_new_tokens=new_tokens, wedlm_lossless=True, **self.wedlm_args)
+        )
+        stats = out.wedlm_stats[0]
+        self.ar_clock.tokens += len(ar)
+        self.wedlm_clock.tokens += stats.tokens
+        self.lossless.add(prompt, len(ids), ar, exact)
+        self.forwards += stats.forwards
+        self.tokens += stats.tokens
+        self.fewest += fewest_forwards(stats.tokens, self.wedlm_args["wedlm_window_size"])
+        return ar, out.sequences[0, len(ids) :].tolist()
+
+    def speeds(self) -> dict:
+        """Tokens per forward (and its ceiling), the three speeds and lossless decoding's report."""
+        ar, wedlm = self.ar_clock.tokens_per_s, self.wedlm_clock.tokens_per_s
+        return dict(
+            tokens_per_forward=self.tokens / self.forwards,
+            tokens_per_forward_ceiling=self.tokens / self.fewest,
+            ar_tokens_per_s=ar,
+            wedlm_tokens_per_s=wedlm,
+            speedup=wedlm / ar,
+            lossless=self.lossless.report(self.ar_clock),
+        )
 
 
 def evaluate(
@@ -145,89 +185,28 @@ def evaluate(
         eos_token_id=eos,
         pad_token_id=eos,
     )
-
-    def both(ids: list[int], new_tokens: int, ar_clock: _Clock, wedlm_clock: _Clock, lossless: _Lossless):
-        """AR, WeDLM and lossless WeDLM on one item, interleaved so that all three clocks see the same machine."""
-        x = torch.tensor([ids])
-        ar = ar_clock.run(
-            lambda: model.generate(x, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
-        )[0, len(ids) :].tolist()
-        out = wedlm_clock.run(lambda: model.generate(x, max_new_tokens=new_tokens, **wedlm_args))
-        exact = lossless.clock.run(
-            lambda: model.generate(x, max_new_tokens=new_tokens, wedlm_lossless=True, **wedlm_args)
-        )
-        ar_clock.tokens += len(ar)
-        wedlm_clock.tokens += out.wedlm_stats[0].tokens
-        lossless.add(tokenizer.decode(ids), len(ids), ar, exact)
-        return ar, out.sequences[0, len(ids) :].tolist(), out.wedlm_stats[0]
-
-    def strip(tokens: list[int]) -> list[int]:
-        return tokens[: tokens.index(eos)] if eos in tokens else tokens
-
-    report = {
-        "settings": dict(
-            model=portable_path(model_path),  # the record travels with the model: no local absolute path
-            window_size=window_size,
-            entropy_threshold=threshold,
-            pos_penalty_factor=penalty,
-            items_per_family=items_per_family,
-            code_items=code_items,
-            code_prompt_tokens=code_prompt_tokens,
-            code_new_tokens=code_new_tokens,
-            threads=threads,
-            torch=torch.__version__,
-            transformers=transformers.__version__,
-            python=platform.python_version(),
-        ),
-        "families": {},
-    }
-    for family in FAMILIES:
-        ar_clock, wedlm_clock, lossless = _Clock(), _Clock(), _Lossless(family)
-        ar_hits = wedlm_hits = forwards = tokens = fewest = 0
-        items = held_out_items(family, items_per_family, train_items_per_family)
-        for question, answer in items:
-            ids = tokenizer(question, add_special_tokens=False)["input_ids"]
-            target = tokenizer(answer, add_special_tokens=False)["input_ids"]
-            ar, wedlm, stats = both(ids, len(target) + 8, ar_clock, wedlm_clock, lossless)
-            ar_hits += strip(ar) == target
-            wedlm_hits += strip(wedlm) == target
-            forwards += stats.forwards
-            tokens += stats.tokens
-            fewest += fewest_forwards(stats.tokens, window_size)
-        report["families"][family] = dict(
-            items=len(items),
-            ar_exact_match=ar_hits / len(items),
-            wedlm_exact_match=wedlm_hits / len(items),
-            tokens_per_forward=tokens / forwards,
-            tokens_per_forward_ceiling=tokens / fewest,
-            ar_tokens_per_s=ar_clock.tokens_per_s,
-            wedlm_tokens_per_s=wedlm_clock.tokens_per_s,
-            speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
-            lossless=lossless.report(ar_clock),
-        )
-        log(f"{family:<12} {_row(report['families'][family])}")
-
-    ar_clock, wedlm_clock, lossless = _Clock(), _Clock(), _Lossless("code")
-    same = agree = forwards = tokens = total = fewest = 0
-    for ids in code_snippets(tokenizer, code_items, code_prompt_tokens):
-        ar, wedlm, stats = both(ids, code_new_tokens, ar_clock, wedlm_clock, lossless)
-        same += ar == wedlm
-        agree += sum(a == b for a, b in zip(ar, wedlm))
-        total += max(len(ar), len(wedlm))
-        forwards += stats.forwards
-        tokens += stats.tokens
-        fewest += fewest_forwards(stats.tokens, window_size)
-    report["code"] = dict(
-        items=code_items,
-        identical_to_ar=same / code_items,
-        token_agreement_with_ar=agree / total,
-        tokens_per_forward=tokens / forwards,
-        tokens_per_forward_ceiling=tokens / fewest,
-        ar_tokens_per_s=ar_clock.tokens_per_s,
-        wedlm_tokens_per_s=wedlm_clock.tokens_per_s,
-        speedup=wedlm_clock.tokens_per_s / ar_clock.tokens_per_s,
-        lossless=lossless.report(ar_clock),
+    settings = dict(
+        model=portable_path(model_path),  # the record travels with the model: no local absolute path
+        window_size=window_size,
+        entropy_threshold=threshold,
+        pos_penalty_factor=penalty,
+        items_per_family=items_per_family,
+        code_items=code_items,
+        code_prompt_tokens=code_prompt_tokens,
+        code_new_tokens=code_new_tokens,
+        threads=threads,
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        python=platform.python_version(),
     )
+    report = {"settings": settings, "families": {}}
+    for family in FAMILIES:
+        side_by_side = _SideBySide(model, eos, family, wedlm_args)
+        items = held_out_items(family, items_per_family, train_items_per_family)
+        report["families"][family] = _family_report(side_by_side, tokenizer, items)
+        log(f"{family:<12} {_row(report['families'][family])}")
+    snippets = code_snippets(tokenizer, code_items, code_prompt_tokens)
+    report["code"] = _code_report(_SideBySide(model, eos, "code", wedlm_args), tokenizer, snippets, code_new_tokens)
     code = report["code"]
     log(
         f"{'code':<12} identical to AR {code['identical_to_ar']:.2f}, token agreement "
@@ -236,6 +215,44 @@ def evaluate(
         f"speed-up {code['speedup']:.2f}x; {_lossless_row(code['lossless'])}"
     )
     return report
+
+
+def _family_report(side_by_side: _SideBySide, tokenizer, items: list[tuple[str, str]]) -> dict:
+    """A task family's exact matches (the answer, up to eos) by AR and WeDLM, beside the speeds."""
+    eos = tokenizer.eos_token_id
+
+    def strip(tokens: list[int]) -> list[int]:
+        return tokens[: tokens.index(eos)] if eos in tokens else tokens
+
+    ar_hits = wedlm_hits = 0
+    for question, answer in items:
+        ids = tokenizer(question, add_special_tokens=False)["input_ids"]
+        target = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        ar, wedlm = side_by_side(ids, len(target) + 8, tokenizer.decode(ids))
+        ar_hits += strip(ar) == target
+        wedlm_hits += strip(wedlm) == target
+    return dict(
+        items=len(items),
+        ar_exact_match=ar_hits / len(items),
+        wedlm_exact_match=wedlm_hits / len(items),
+        **side_by_side.speeds(),
+    )
+
+
+def _code_report(side_by_side: _SideBySide, tokenizer, snippets: list[list[int]], new_tokens: int) -> dict:
+    """Code continuation has no single answer: how often WeDLM writes AR's continuation, and token by token."""
+    same = agree = total = 0
+    for ids in snippets:
+        ar, wedlm = side_by_side(ids, new_tokens, tokenizer.decode(ids))
+        same += ar == wedlm
+        agree += sum(a == b for a, b in zip(ar, wedlm))
+        total += max(len(ar), len(wedlm))
+    return dict(
+        items=len(snippets),
+        identical_to_ar=same / len(snippets),
+        token_agreement_with_ar=agree / total,
+        **side_by_side.speeds(),
+    )
 
 
 def _row(r: dict) -> str:

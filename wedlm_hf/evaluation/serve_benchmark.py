@@ -120,13 +120,7 @@ def bench_serve(
 
     from ..data import default_model_path
 
-    unknown = sorted(set(servers) - set(SERVERS))
-    if unknown:
-        raise ValueError(f"Unknown server(s) {unknown}: choose from {', '.join(SERVERS)}.")
-    if workload not in WORKLOADS:
-        raise ValueError(f"Unknown workload {workload!r}: choose from {', '.join(WORKLOADS)}.")
-    if min(clients) < 1 or requests_per_client < 1 or max_tokens < 1:
-        raise ValueError("--clients, --requests and --max-tokens must be at least 1.")
+    _check_choices(servers, workload, min(clients), requests_per_client, max_tokens)
     model_dir = model or default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
@@ -177,6 +171,16 @@ def bench_serve(
             finally:
                 server.stop()
     return results
+
+
+def _check_choices(servers, workload: str, fewest_clients: int, requests_per_client: int, max_tokens: int) -> None:
+    unknown = sorted(set(servers) - set(SERVERS))
+    if unknown:
+        raise ValueError(f"Unknown server(s) {unknown}: choose from {', '.join(SERVERS)}.")
+    if workload not in WORKLOADS:
+        raise ValueError(f"Unknown workload {workload!r}: choose from {', '.join(WORKLOADS)}.")
+    if fewest_clients < 1 or requests_per_client < 1 or max_tokens < 1:
+        raise ValueError("--clients, --requests and --max-tokens must be at least 1.")
 
 
 def _served_name(url: str) -> str:
