@@ -254,11 +254,8 @@ def train(
     attn_implementation: str = "sdpa",
 ) -> Path:
     """Runs training; returns the folder of the final model (with tokenizer and `training_info.json`)."""
-    arguments = {k: v for k, v in locals().items()}
-    # The record travels with the model (into the package, onto the Hub): paths are kept machine-independent.
-    for key in ("output_dir", "model", "config", "tokenizer"):
-        arguments[key] = portable_path(arguments[key])
-    arguments["data"] = data if data == ["offline-mix"] else [portable_path(path) for path in data]
+    options = dict(locals())
+    arguments = _portable_arguments(dict(options))
     check_options(
         max_steps=max_steps,
         batch_size=batch_size,
@@ -274,11 +271,9 @@ def train(
     )
     check_data_paths(data)
     final = Path(output_dir) / "final"
-    if resume and (final / "training_info.json").exists():
-        done = json.loads((final / "training_info.json").read_text())["arguments"]
-        if done["max_steps"] == max_steps:
-            print(f"{final} already holds the finished run of {max_steps} steps; nothing to resume.")
-            return final
+    if resume and _finished(final, max_steps):
+        print(f"{final} already holds the finished run of {max_steps} steps; nothing to resume.")
+        return final
     set_seed(seed)
     net, tok = load_model_and_tokenizer(model, config, tokenizer)
     net.config._attn_implementation = attn_implementation
@@ -287,41 +282,13 @@ def train(
             f"--seq-len {seq_len} exceeds the model's max_position_embeddings ({net.config.max_position_embeddings}):"
             " use a shorter --seq-len."
         )
-    if data == ["offline-mix"]:
-        dataset = offline_mix(tok, seq_len, items_per_family)
-    else:
-        dataset = load_texts(data, tok, seq_len)
-    args = TrainingArguments(
-        output_dir=output_dir,
-        max_steps=max_steps,
-        per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=grad_accum,
-        learning_rate=learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=warmup_ratio,  # a float below 1 is a ratio of max_steps
-        weight_decay=weight_decay,
-        max_grad_norm=1.0,
-        optim="adamw_torch",
-        logging_steps=logging_steps,
-        save_steps=save_steps,
-        save_total_limit=2,
-        seed=seed,
-        data_seed=seed,
-        report_to=[],
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        use_cpu=not torch.cuda.is_available(),
-        ddp_find_unused_parameters=False,
-        # Trainer copies this into the model's config, which every checkpoint saves; its default (False) would ship
-        # checkpoints that exporters refuse. The dual-stream forward never builds a cache either way.
-        use_cache=True,
-    )
+    dataset = offline_mix(tok, seq_len, items_per_family) if data == ["offline-mix"] else load_texts(data, tok, seq_len)
     collator = DualStreamCollator(
         mask_token_id=net.config.mask_token_id, pad_token_id=tok.pad_token_id, block_size=block_size, seed=seed
     )
     trainer = WeDLMTrainer(
         model=net,
-        args=args,
+        args=_training_arguments(options),
         train_dataset=IndexedSamples(dataset),
         data_collator=collator,
         callbacks=[MaskingEpoch(collator)],
@@ -334,30 +301,89 @@ def train(
     result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     if trainer.is_world_process_zero():
         trainer.save_state()
-        staged = Path(output_dir) / FINAL_STAGING  # like checkpoints, the final folder appears whole
-        shutil.rmtree(staged, ignore_errors=True)
-        trainer.save_model(str(staged))
-        tok.save_pretrained(staged)
-        losses = [entry for entry in trainer.state.log_history if "loss" in entry]
-        info = {
-            "arguments": arguments,
-            "samples": len(dataset),
-            "parameters": sum(p.numel() for p in net.parameters()),
-            "processes": trainer.args.world_size,
-            "train_runtime_s": result.metrics.get("train_runtime"),
-            "resumed": checkpoint is not None,
-            "last_logged": losses[-1] if losses else None,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        }
-        previous = Path(model) / "training_info.json" if model else None
-        if previous is not None and previous.exists():
-            info["continued_from"] = json.loads(previous.read_text())
-        (staged / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
-        publish(staged, final)
+        info = _training_info(trainer, arguments, len(dataset), result, checkpoint is not None, model)
+        _save_final(trainer, tok, Path(output_dir), info)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         trainer.accelerator.wait_for_everyone()
     return final
+
+
+def _portable_arguments(arguments: dict) -> dict:
+    """`train()`'s arguments as the record keeps them: it travels with the model (into the package, onto the Hub),
+    so paths are kept machine-independent."""
+    for key in ("output_dir", "model", "config", "tokenizer"):
+        arguments[key] = portable_path(arguments[key])
+    data = arguments["data"]
+    arguments["data"] = data if data == ["offline-mix"] else [portable_path(path) for path in data]
+    return arguments
+
+
+def _finished(final: Path, max_steps: int) -> bool:
+    """`final` holds a finished run of `max_steps` steps (a resume has nothing left to do)."""
+    record = final / "training_info.json"
+    return record.exists() and json.loads(record.read_text())["arguments"]["max_steps"] == max_steps
+
+
+def _training_arguments(options: dict) -> TrainingArguments:
+    """Trainer's settings from `train()`'s `options`: AdamW with a cosine schedule, seeded, Trainer's own
+    checkpoints every `save_steps` (two kept), on the CPU when there is no GPU."""
+    return TrainingArguments(
+        output_dir=options["output_dir"],
+        max_steps=options["max_steps"],
+        per_device_train_batch_size=options["batch_size"],
+        gradient_accumulation_steps=options["grad_accum"],
+        learning_rate=options["learning_rate"],
+        lr_scheduler_type="cosine",
+        warmup_steps=options["warmup_ratio"],  # a float below 1 is a ratio of max_steps
+        weight_decay=options["weight_decay"],
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        logging_steps=options["logging_steps"],
+        save_steps=options["save_steps"],
+        save_total_limit=2,
+        seed=options["seed"],
+        data_seed=options["seed"],
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),
+        ddp_find_unused_parameters=False,
+        # Trainer copies this into the model's config, which every checkpoint saves; its default (False) would ship
+        # checkpoints that exporters refuse. The dual-stream forward never builds a cache either way.
+        use_cache=True,
+    )
+
+
+def _training_info(trainer, arguments: dict, samples: int, result, resumed: bool, model: str | None) -> dict:
+    """`training_info.json`: how the model was trained, and the record of the checkpoint (`model`, a folder) it
+    continued from."""
+    losses = [entry for entry in trainer.state.log_history if "loss" in entry]
+    info = {
+        "arguments": arguments,
+        "samples": samples,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "processes": trainer.args.world_size,
+        "train_runtime_s": result.metrics.get("train_runtime"),
+        "resumed": resumed,
+        "last_logged": losses[-1] if losses else None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    previous = Path(model) / "training_info.json" if model else None
+    if previous is not None and previous.exists():
+        info["continued_from"] = json.loads(previous.read_text())
+    return info
+
+
+def _save_final(trainer, tok, output_dir: Path, info: dict) -> None:
+    """The final model, its tokenizer and `info`, written to a staging folder and published as `final` whole, like
+    the checkpoints."""
+    staged = output_dir / FINAL_STAGING
+    shutil.rmtree(staged, ignore_errors=True)
+    trainer.save_model(str(staged))
+    tok.save_pretrained(staged)
+    (staged / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    publish(staged, output_dir / "final")
 
 
 def train_command(args) -> None:
