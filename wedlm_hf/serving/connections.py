@@ -102,89 +102,93 @@ class ConnectionGuard:
         }
 
 
-def _protocol_for(guard: ConnectionGuard) -> type:
-    class GuardedH11Protocol(H11Protocol):
-        """uvicorn's h11 protocol under `guard`'s limits (see the module docstring)."""
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol under `guard`'s limits (see the module docstring); `_protocol_for` makes the subclass
+    of one server's guard, the class uvicorn instantiates per connection."""
 
-        _client = None  # the peer's address, once admitted
-        _deadline = None  # the timer of the request being received
+    guard: ConnectionGuard
 
-        def connection_made(self, transport) -> None:
-            peer = transport.get_extra_info("peername")
-            client = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
-            refusal = guard.admit(client)
-            if refusal is not None:
-                guard.refused += 1
-                LOGGER.warning("Refused a connection from %s: %s.", client, refusal)
-                transport.write(_response(503, f"Connection refused: {refusal}; retry later.", "too_many_connections"))
-                transport.close()
-                return
-            self._client = client
-            super().connection_made(transport)
-            self._watch()
+    _client = None  # the peer's address, once admitted
+    _deadline = None  # the timer of the request being received
 
-        def connection_lost(self, exc) -> None:
-            if self._client is None:  # refused: uvicorn never saw it
-                return
-            guard.release(self._client)
-            self._client = None
-            self._stop_deadline()
-            super().connection_lost(exc)
+    def connection_made(self, transport) -> None:
+        peer = transport.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+        refusal = self.guard.admit(client)
+        if refusal is not None:
+            self.guard.refused += 1
+            LOGGER.warning("Refused a connection from %s: %s.", client, refusal)
+            transport.write(_response(503, f"Connection refused: {refusal}; retry later.", "too_many_connections"))
+            transport.close()
+            return
+        self._client = client
+        super().connection_made(transport)
+        self._watch()
 
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self._watch()
+    def connection_lost(self, exc) -> None:
+        if self._client is None:  # refused: uvicorn never saw it
+            return
+        self.guard.release(self._client)
+        self._client = None
+        self._stop_deadline()
+        super().connection_lost(exc)
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._watch()
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch()
 
-        def shutdown(self) -> None:
-            if self._receiving():  # a half-sent request would hold the exit until uvicorn's backstop
-                self.transport.close()
-                return
-            super().shutdown()
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch()
 
-        def _receiving(self) -> bool:
-            """A request has begun to arrive (or, on a new connection, is awaited) and has not arrived whole."""
-            state = self.conn.their_state
-            if state is h11.SEND_BODY:
-                return True
-            if state is h11.IDLE:  # between requests: only once the next one's first bytes are here
-                return self.cycle is None or bool(self.conn.trailing_data[0])
-            return False
-
-        def _watch(self) -> None:
-            if self._receiving() and not self.transport.is_closing():
-                if self._deadline is None:
-                    self._deadline = self.loop.call_later(guard.read_timeout, self._timed_out)
-            else:
-                self._stop_deadline()
-
-        def _stop_deadline(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _timed_out(self) -> None:
-            self._deadline = None
-            if self.transport.is_closing() or not self._receiving():
-                return
-            guard.timed_out += 1
-            LOGGER.warning(
-                "Closed a connection from %s: its request did not arrive within %g s (--request-read-timeout).",
-                self._client,
-                guard.read_timeout,
-            )
-            if self.cycle is not None:  # the app, waiting for the body, answers nothing more (app._read_body)
-                self.cycle.scope.setdefault("state", {})["read_timed_out"] = True
-            sent = self.cycle is not None or bool(self.conn.trailing_data[0])  # a connection that sent nothing
-            if sent and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # ... is closed as an idle one
-                message = f"The request did not arrive within {guard.read_timeout:g} s (--request-read-timeout)."
-                self.transport.write(_response(408, message, "request_timeout"))
+    def shutdown(self) -> None:
+        if self._receiving():  # a half-sent request would hold the exit until uvicorn's backstop
             self.transport.close()
+            return
+        super().shutdown()
 
-    return GuardedH11Protocol
+    def _receiving(self) -> bool:
+        """A request has begun to arrive (or, on a new connection, is awaited) and has not arrived whole."""
+        state = self.conn.their_state
+        if state is h11.SEND_BODY:
+            return True
+        if state is h11.IDLE:  # between requests: only once the next one's first bytes are here
+            return self.cycle is None or bool(self.conn.trailing_data[0])
+        return False
+
+    def _watch(self) -> None:
+        if self._receiving() and not self.transport.is_closing():
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(self.guard.read_timeout, self._timed_out)
+        else:
+            self._stop_deadline()
+
+    def _stop_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing() or not self._receiving():
+            return
+        self.guard.timed_out += 1
+        LOGGER.warning(
+            "Closed a connection from %s: its request did not arrive within %g s (--request-read-timeout).",
+            self._client,
+            self.guard.read_timeout,
+        )
+        if self.cycle is not None:  # the app, waiting for the body, answers nothing more (app._read_body)
+            self.cycle.scope.setdefault("state", {})["read_timed_out"] = True
+        sent = self.cycle is not None or bool(self.conn.trailing_data[0])  # a connection that sent nothing
+        if sent and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # ... is closed as an idle one
+            message = f"The request did not arrive within {self.guard.read_timeout:g} s (--request-read-timeout)."
+            self.transport.write(_response(408, message, "request_timeout"))
+        self.transport.close()
+
+
+def _protocol_for(guard: ConnectionGuard) -> type:
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"guard": guard})
 
 
 def _response(status: int, message: str, code: str) -> bytes:
