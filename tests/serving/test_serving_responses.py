@@ -20,6 +20,9 @@ SCHEMA = {
     "additionalProperties": False,
 }
 JSON_FORMAT = {"type": "json_schema", "name": "digit", "schema": SCHEMA, "strict": True}
+TOOLS = [{"type": "function", "name": "get_weather", "description": "the forecast", "parameters": WEATHER}]
+NAMED = {"type": "function", "name": "get_weather"}
+CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
 OPENING = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
 CLOSING = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
 
@@ -224,6 +227,24 @@ def test_an_error_mid_stream_is_an_error_event_then_response_failed(client, monk
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0]", "text part"),
         ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role", "must be one of"),
         ({"input": []}, "input", "input is required"),
+        # errors name this route's own fields, never the chat route's
+        ({"input": [CALL | {"arguments": "{not json"}]}, "input[0].arguments", "JSON object"),
+        ({"input": [CALL | {"arguments": '{"a": NaN}'}]}, "input[0].arguments", "NaN"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]},
+            "input[0].call_id",
+            "call_id",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools[0]", "unknown fields: function"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": []}]}, "tools[0].parameters", '"type": "object"'),
+        ({"tools": [{"type": "function", "name": "f", "strict": "yes"}]}, "tools[0].strict", "true or false"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            "tool_choice",
+            '{"type": "function", "name": NAME}',
+        ),
+        ({"text": {"verbosity": "loud"}}, "text.verbosity", "low"),
+        ({"prompt_cache_key": 5}, "prompt_cache_key", "string"),
     ],
 )
 def test_refused_fields_get_a_400_naming_them(client, body, param, words):
@@ -265,10 +286,6 @@ def test_the_route_is_counted_in_the_metrics(server, client):
     assert (count("200"), count("400")) == (ok + 1, refused + 1)
 
 
-TOOLS = [{"type": "function", "name": "get_weather", "description": "the forecast", "parameters": WEATHER}]
-NAMED = {"type": "function", "name": "get_weather"}
-
-
 def test_a_function_call_is_an_output_item_with_valid_arguments(client):
     response = client.responses.create(
         model=MODEL_ID, input="Weather in Paris?", tools=TOOLS, tool_choice=NAMED, parallel_tool_calls=False,
@@ -290,9 +307,10 @@ def test_a_streamed_function_call_has_its_events(client):
     kinds = [event.type for event in events]
     calls = ["response.output_item.added", "response.function_call_arguments.delta"]
     calls += ["response.function_call_arguments.done", "response.output_item.done"]
-    assert kinds == OPENING + CLOSING + calls + ["response.completed"]
-    call = final.output[-1]
+    assert kinds == OPENING[:2] + calls + ["response.completed"]  # no message item: the answer holds no text
+    [call] = final.output  # as the whole answer has it
     assert call.type == "function_call" and events[-2].item.arguments == call.arguments
+    assert events[2].output_index == 0
     jsonschema.validate(json.loads(call.arguments), WEATHER)
 
 
@@ -321,3 +339,37 @@ def test_calls_and_their_outputs_go_back_in_as_input_items(client):
     tools = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
     _, usage = chat_answer(client, chat, 4, tools=tools)
     assert response.usage.input_tokens == usage.prompt_tokens
+
+
+def test_text_format_beside_tools_and_the_fields_clients_echo(client):
+    """Tools with a response schema (openai-agents sends both for every Agent with tools and an output_type): a
+    call under required, the schema's JSON under none; `prompt_cache_key` and `safety_identifier` are taken, and an
+    earlier response's output items (`model_dump()`) go back in."""
+    both = dict(model=MODEL_ID, input="Weather in Paris?", tools=TOOLS, text={"format": JSON_FORMAT})
+    called = client.responses.create(**both, tool_choice="required", max_output_tokens=48)
+    assert called.status == "completed" and {item.type for item in called.output} == {"function_call"}
+    answered = client.responses.create(
+        **both, tool_choice="none", max_output_tokens=40, prompt_cache_key="conv-1", safety_identifier="u1"
+    )
+    jsonschema.validate(json.loads(answered.output_text), SCHEMA)
+    results = [{"type": "function_call_output", "call_id": item.call_id, "output": "sunny"} for item in called.output]
+    given = [{"role": "user", "content": "Weather in Paris?"}, *[i.model_dump() for i in called.output], *results]
+    again = client.responses.create(**(both | {"input": given}), tool_choice="none", max_output_tokens=40)
+    jsonschema.validate(json.loads(again.output_text), SCHEMA)
+
+
+def test_a_grammar_failure_names_the_tools_on_this_route(client):
+    """A schema that exhausts the grammar library while decoding fails its request with a 400 that names this
+    route's field: `tools` (the calls' grammar), not response_format."""
+    endless = {"type": "object", "properties": {"a": {"$ref": "#/$defs/R"}}, "required": ["a"]}
+    hostile = {  # its start is the model's choice of k; then the forced `, "a": {"a": ...` never ends
+        "type": "object",
+        "properties": {"k": {"enum": [1, 2]}, "a": {"$ref": "#/$defs/R"}},
+        "required": ["k", "a"],
+        "$defs": {"R": endless},
+    }
+    tools = [{"type": "function", "name": "loop", "parameters": hostile}]
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(model=MODEL_ID, input="go", tools=tools, tool_choice="required", max_output_tokens=400)
+    assert error.value.body["param"] == "tools" and error.value.body["code"] == "grammar_failed"
+    assert "The grammar of tools failed" in error.value.body["message"]

@@ -13,6 +13,7 @@ from conftest import WEATHER
 from live_server import MODEL_ID, LiveServer, shipped
 
 from wedlm_hf.cli import build_parser
+from wedlm_hf.serving.engine import ServingEngine
 from wedlm_hf.serving.tool_calls import TOOL_FORMATS, ToolCallText, parse_tools, tool_grammar
 from wedlm_hf.structured import compile_grammar
 
@@ -35,6 +36,28 @@ STYLED = {"type": "object", "x-guidance": {"bogus": 1}}  # refused alone, replac
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
 DEEP = {"name": "add", "arguments": "[" * 100_000}  # nesting json.loads cannot follow
 DEEP_CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": DEEP}]}
+PARAMETERS = "tools[0].function.parameters"
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+DIGIT = {  # a response schema the shipped model can close
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
+NO_OPENING = {"29": -100}  # logit_bias: "<", the first token of "<tool_call>" (the shipped model prefers a call)
+
+
+def nested(depth: int) -> dict:
+    """An object schema (or JSON value) nested `depth` levels deep."""
+    value: dict = {"type": "object"}
+    for _ in range(depth - 1):
+        value = {"type": "object", "properties": {"x": value}}
+    return value
+
+
+def call_message(arguments: str) -> dict:
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": arguments}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +151,6 @@ def test_calls_and_results_in_the_history_reach_the_template(client):
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": TOOLS * 33}, "tools"),
-        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": "get_weather"}}, "tool_choice"),
         ({"tools": TOOLS, "stop": ["\n"]}, "stop"),  # could end the answer inside a call
@@ -149,6 +171,17 @@ def test_calls_and_results_in_the_history_reach_the_template(client):
             "messages[1].tool_call_id",
         ),
         ({"messages": [*MESSAGES, DEEP_CALL]}, "messages[1].tool_calls[0].function.arguments"),  # 400, not 500
+        *[  # parameters that are no schema at all were taken as "no parameters"
+            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": bad}}]}, PARAMETERS)
+            for bad in ([], "", False, 0)
+        ],
+        ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}, "tools[0].function.strict"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": nested(70)}}]}, PARAMETERS),
+        *[  # json.loads takes NaN and Infinity, which JSON has no spelling for
+            ({"messages": [*MESSAGES, call_message(arguments)]}, "messages[1].tool_calls[0].function.arguments")
+            for arguments in ('{"a": NaN}', '{"a": Infinity}', '{"a": -Infinity}', json.dumps(nested(70)))
+        ],
+        ({"messages": [*MESSAGES, {"role": "assistant", "content": "x", "refusal": "no"}]}, "messages[1].refusal"),
     ],
 )
 def test_bad_tools_are_refused_by_name(client, fields, param):
@@ -186,11 +219,26 @@ def test_tool_call_text_splits_as_it_streams():
     assert held.feed("a <tool") == "a " and held.rest() == "<tool" and held.calls() == []
 
 
+MISTRAL_TEMPLATE = (  # a chat template that shows tools and writes calls as Mistral's do
+    "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}[TOOL_CALLS]["
+    "{% for c in m.tool_calls %}{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}"
+    "{% if not loop.last %}, {% endif %}{% endfor %}]{% else %}[{{ m.role }}]{{ m.content }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+
+
 def test_the_mistral_format_is_another_server_option():
-    """`--tool-call-parser mistral`: calls written as [TOOL_CALLS] and a JSON list, held and parsed the same way."""
+    """`--tool-call-parser mistral`, on a checkpoint whose template writes calls as [TOOL_CALLS] and a JSON list:
+    calls held and parsed the same way."""
+    import copy
+
     from live_server import engine
 
-    with LiveServer(engine(tool_call_parser="mistral")) as live:
+    model, shipped_tokenizer = shipped()
+    tokenizer = copy.deepcopy(shipped_tokenizer)
+    tokenizer.chat_template = MISTRAL_TEMPLATE
+    with LiveServer(ServingEngine(model, tokenizer, MODEL_ID, tool_call_parser="mistral")) as live:
         client = live.client()
         answer = client.chat.completions.create(
             model=MODEL_ID, messages=MESSAGES, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
@@ -286,3 +334,113 @@ def test_naming_the_tool_at_fault_keeps_no_compile_in_the_cache(client):
     assert error.value.body["param"] == "tools[1].function.parameters"
     kept = [key for key in grammars._compiled if marker in key[3]]
     assert len(kept) == 1 and kept[0][2] == "lark"  # the request's own grammar, as before the search
+
+
+def test_tools_beside_a_response_schema_make_one_grammar():
+    """With both (as agent frameworks send them): under auto the answer is the schema's JSON or calls; required and
+    a named function, calls only; the free text that auto allows without a schema is not the answer here."""
+    _, tokenizer = shipped()
+
+    def grammar(choice: str):
+        spec = parse_tools({"tools": TOOLS, "tool_choice": choice})
+        return compile_grammar(("lark", tool_grammar(spec, answer=DIGIT)), tokenizer, len(tokenizer))
+
+    def whole(choice: str, text: str) -> bool:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        return grammar(choice).matcher().accepted(ids) == len(ids)
+
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    assert whole("auto", '{"n": 3}') and whole("auto", call)
+    assert not whole("auto", "Just text.") and not whole("auto", '{"n": 12}') and not whole("auto", "Sure." + call)
+    assert whole("required", call) and not whole("required", '{"n": 3}')
+
+
+def test_a_response_format_beside_tools_is_answered_on_the_chat_route(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "digit", "schema": DIGIT, "strict": True}}
+    both = dict(model=MODEL_ID, messages=MESSAGES, tools=TOOLS, response_format=fmt, max_tokens=48)
+    auto = client.chat.completions.create(**both, logit_bias=NO_OPENING)
+    assert auto.choices[0].finish_reason == "stop" and auto.choices[0].message.tool_calls is None
+    jsonschema.validate(json.loads(auto.choices[0].message.content), DIGIT)
+    none = client.chat.completions.create(**both, tool_choice="none")
+    jsonschema.validate(json.loads(none.choices[0].message.content), DIGIT)
+    called = client.chat.completions.create(**both, tool_choice="required").choices[0]
+    assert called.finish_reason == "tool_calls" and called.message.content is None
+    for call in called.message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), schema_of(call.function.name))
+
+
+def test_a_named_function_is_called_once_and_a_cut_call_never_hides_a_complete_one(client):
+    """Without parallel_tool_calls: a named function means one call (the answer ends after it); under required,
+    calls may follow, and where the budget cuts one, the complete calls before it are the answer (tool_calls)."""
+    named = client.chat.completions.create(
+        model=MODEL_ID, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED, max_tokens=120
+    )
+    assert named.choices[0].finish_reason == "tool_calls" and len(named.choices[0].message.tool_calls) == 1
+    assert named.usage.completion_tokens < 120  # it ended, rather than opening a second call
+    required = client.chat.completions.create(
+        model=MODEL_ID, messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=48
+    )
+    assert required.usage.completion_tokens == 48  # the budget cut it (the shipped model opens a second call)
+    assert required.choices[0].finish_reason == "tool_calls" and required.choices[0].message.content is None
+    for call in required.choices[0].message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), schema_of(call.function.name))
+    split = ToolCallText()
+    split.feed('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>\n{"na')
+    assert [c["function"]["name"] for c in split.calls()] == ["add"]
+    listed = ToolCallText(TOOL_FORMATS["mistral"])  # one list of calls, cut inside its second
+    listed.feed('[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "add", "argu')
+    assert [json.loads(c["function"]["arguments"]) for c in listed.calls()] == [{"a": 1}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_markup_of_a_call_cut_short_never_reaches_content(client, stream):
+    """`required` with a budget too small for the tag: no text (the answer is calls), and no calls."""
+    answer = client.chat.completions.create(
+        model=MODEL_ID, messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=3, stream=stream
+    )
+    if stream:
+        chunks = list(answer)
+        texts = "".join(c.choices[0].delta.content or "" for c in chunks)
+        calls = [call for c in chunks for call in (c.choices[0].delta.tool_calls or [])]
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        texts, calls, reason = answer.choices[0].message.content or "", answer.choices[0].message.tool_calls, None
+        reason = answer.choices[0].finish_reason
+    assert texts == "" and not calls and reason == "length"
+    held = ToolCallText()  # under auto, a tag begun as the budget ran out is dropped at the end
+    assert held.feed("Sure <tool") == "Sure " and held.rest(cut=True) == "" and held.content(cut=True) == "Sure "
+    assert ToolCallText().content() == "" and ToolCallText(calls_only=True).feed("a <b") == ""
+
+
+def test_a_history_built_from_model_dump_is_taken(client):
+    """Clients append `message.model_dump()`: its null refusal, annotations, audio and function_call come back."""
+    called = client.chat.completions.create(
+        model=MODEL_ID, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED, max_tokens=64
+    )
+    message = called.choices[0].message.model_dump()
+    assert {"refusal", "annotations", "audio", "function_call"} <= set(message)  # as the client hands them back
+    result = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "sunny"}
+    history = [*MESSAGES, message, result]
+    answer = client.chat.completions.create(model=MODEL_ID, messages=history, tools=TOOLS, max_tokens=8)
+    text = answer.choices[0].message.model_dump() | {"annotations": [], "refusal": ""}
+    follow = [*history, text, {"role": "user", "content": "and Rome?"}]
+    again = client.chat.completions.create(
+        model=MODEL_ID, messages=follow, tools=TOOLS, max_tokens=4, prompt_cache_key="conv-1",
+        safety_identifier="u1", verbosity="low",
+    )  # fmt: skip
+    assert again.usage.prompt_tokens > answer.usage.prompt_tokens
+
+
+def test_deep_parameters_name_the_tool_and_the_limit(client):
+    tools = [*TOOLS, {"type": "function", "function": {"name": "deep", "parameters": nested(70)}}]
+    with pytest.raises(openai.BadRequestError, match="parameters of tool 'deep' nests .* at most 64") as error:
+        client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, tools=tools, max_tokens=2)
+    assert error.value.body["param"] == "tools[2].function.parameters"
+
+
+def test_the_parser_must_match_the_chat_templates_calls():
+    """`--tool-call-parser mistral` on a checkpoint whose template writes <tool_call> is refused at start-up."""
+    from live_server import engine
+
+    with pytest.raises(ValueError, match="writes tool calls with <tool_call> .*--tool-call-parser hermes"):
+        engine(tool_call_parser="mistral")

@@ -1,10 +1,12 @@
 """Serving wing: `wedlm-hf serve`, an OpenAI-compatible server with WeDLM decoding and continuous batching.
 
-- `openai_schema`: request bodies in, validated `ParsedRequest` out; `api_errors`: OpenAI-style error bodies.
+- `openai_schema`: completions and chat bodies in, validated `ParsedRequest` out; `request_fields`: the field
+  checks every route shares, in the route's own names; `api_errors`: OpenAI-style error bodies.
 - `engine`: the served model: loading, prompt encoding, context limits, each choice's decoding settings.
 - `sampling`: a choice's sampler, the core's processors plus `logit_bias` and OpenAI's penalties.
 - `tool_calls`: tools and `tool_choice`, the grammar that holds calls to their schemas, calls split from the text.
-- `responses_api`: `POST /v1/responses` on the chat path; `transformers_chat`: `transformers chat`'s extras.
+- `responses_request`: `POST /v1/responses` bodies read in their own names; `responses_api`: its answers and
+  events; `transformers_chat`: `transformers chat`'s extras.
 - `limits`: the bounds on what one request may ask for, and its share of the batch.
 - `access`: the Host check, the API key and JSON-only bodies (an ASGI middleware).
 - `scheduler`: the one decoding loop that owns the model (continuous batching on one `StreamingDecoder`, fair

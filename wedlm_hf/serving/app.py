@@ -31,7 +31,8 @@ from .engine import ServingEngine
 from .metrics import ServerMetrics
 from .openai_schema import APIError, error_body, invalid, parse_chat, parse_completion
 from .responses import ResponseIds, chunk, full_body_json, sse, token_logprobs, usage, usage_chunk
-from .responses_api import ResponseRender, ResponsesRequest, parse_responses, responses_error
+from .responses_api import ResponseRender
+from .responses_request import ResponsesRequest, parse_responses
 from .scheduler import Delta, Failure, Finish, Job, QueueFull, ShuttingDown
 from .tool_calls import ToolCallText
 from .transformers_chat import LOAD_MODEL_BYTES, load_model_answer
@@ -134,10 +135,7 @@ def create_app(
 
     @app.post("/v1/responses")
     async def responses(request: Request):
-        try:
-            return await _respond(engine, request, parse_responses)
-        except APIError as exc:  # the chat path's errors, naming this route's fields
-            raise responses_error(exc) from None
+        return await _respond(engine, request, parse_responses)
 
     @app.post("/load_model")
     async def load_model(request: Request):  # `transformers chat` asks for the model first (transformers_chat)
@@ -311,13 +309,15 @@ class _Tally:
         self.first_token: float | None = None  # when the first completion token arrived (time.monotonic)
         self.tool_text: list | None = None  # with tools: each choice's `ToolCallText` (split_tool_calls)
         self.tool_form = None
+        self.calls_only = False
 
     def split_tool_calls(self, tools, form) -> None:
         """With tools a choice may call (`tool_calls`): each choice's text is split into its text and its calls,
         written in `form` (a `ToolFormat`)."""
         self.tool_form = form
+        self.calls_only = tools is not None and tools.calls_only
         active = tools is not None and tools.active
-        self.tool_text = [ToolCallText(form) for _ in range(self.count)] if active else None
+        self.tool_text = [ToolCallText(form, self.calls_only) for _ in range(self.count)] if active else None
 
     def shown(self, event: Delta) -> str:
         """A streamed delta's text: all of it, or with tools the part before a call (each delta read once)."""
@@ -327,7 +327,7 @@ class _Tally:
         """A streamed choice's end with tools: the text held back, its calls and its finish reason."""
         split = self.tool_text[index]
         calls = split.calls()
-        return split.rest(), calls, "tool_calls" if calls and reason == "stop" else reason
+        return split.rest(cut=reason == "length"), calls, _tool_reason(calls, reason)
 
     @property
     def done(self) -> bool:
@@ -385,13 +385,19 @@ class _Tally:
             for i in range(self.count)
         ]
         for choice in out if self.tool_text is not None else []:
-            split = ToolCallText(self.tool_form)
+            split = ToolCallText(self.tool_form, self.calls_only)
             split.feed(choice["text"])
+            content = split.content(cut=choice["finish_reason"] == "length")
             choice["tool_calls"] = split.calls()
-            choice["text"] = split.content() if split.content().strip() or not choice["tool_calls"] else ""
-            if choice["tool_calls"] and choice["finish_reason"] == "stop":
-                choice["finish_reason"] = "tool_calls"
+            choice["text"] = content if content.strip() or not choice["tool_calls"] else ""
+            choice["finish_reason"] = _tool_reason(choice["tool_calls"], choice["finish_reason"])
         return out
+
+
+def _tool_reason(calls: list, reason: str) -> str:
+    """A choice that made complete calls ends `tool_calls`, also where a later call was cut by its token budget
+    (the complete ones are kept, the cut one left out): a call that completed is never reported as cut."""
+    return "tool_calls" if calls and reason in ("stop", "length") else reason
 
 
 class _ChunkFrames:

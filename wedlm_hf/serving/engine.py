@@ -10,6 +10,7 @@ characters than that times the context is checked on its first (context + 2) tok
 """
 
 import functools
+import logging
 import os
 import time
 
@@ -27,9 +28,10 @@ from .openai_schema import APIError, ParsedRequest, invalid, wedlm_options
 from .sampling import choice_sampler
 from .scheduler import DEFAULT_PREFIX_CACHE_TOKENS, Choice, Scheduler, serving_limits
 from .tensor_parallel import mirrored_prompt_logits
-from .tool_calls import TOOL_FORMATS, tool_at_fault, tool_grammar
+from .tool_calls import TOOL_FORMATS, template_tool_format, tool_at_fault, tool_grammar
 
 DEFAULT_MODEL_ID = "wedlm-hf-default"
+LOGGER = logging.getLogger("uvicorn.error")
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
 
@@ -53,12 +55,7 @@ class ServingEngine:
         self.ranks = ranks  # a `tensor_parallel.RankChannel` when the model is split over several ranks
         if tool_call_parser not in TOOL_FORMATS:
             raise ValueError(f"--tool-call-parser {tool_call_parser!r}: give one of {', '.join(TOOL_FORMATS)}.")
-        self.tool_format = TOOL_FORMATS[tool_call_parser]  # how the model writes its tool calls
-        if self.tool_format.tag in getattr(tokenizer, "all_special_tokens", ()):
-            raise ValueError(
-                f"--tool-call-parser {tool_call_parser}: {self.tool_format.tag} is a special token of this tokenizer, "
-                "which decoded text never holds; this server reads calls from the text."
-            )
+        self.tool_format = check_tool_format(tokenizer, tool_call_parser, model_id)
         mask_token_id = getattr(model.config, "mask_token_id", None)
         if mask_token_id is None:
             raise ValueError(
@@ -130,7 +127,7 @@ class ServingEngine:
                 code="too_many_rows",
             )
         if request.kind == "chat":
-            return [self._chat_ids(request.messages, request.tools)]
+            return [self._chat_ids(request.messages, request.tools, request.param("messages"))]
         encoded = []
         for i, prompt in enumerate(request.prompts):
             param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
@@ -149,10 +146,12 @@ class ServingEngine:
             encoded.append(ids)
         return encoded
 
-    def _chat_ids(self, messages: list[dict], tools=None) -> list[int]:
+    def _chat_ids(self, messages: list[dict], tools=None, param: str = "messages") -> list[int]:
+        """The conversation rendered by the chat template (with its tools), as token ids; errors name `param`,
+        what the route calls its conversation."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise invalid(
-                "messages",
+                param,
                 f"The tokenizer of {self.model_id} has no chat template, so /v1/chat/completions cannot build a "
                 'prompt: use /v1/completions, or add a "chat_template" to the checkpoint\'s tokenizer_config.json.',
                 code="no_chat_template",
@@ -173,15 +172,15 @@ class ServingEngine:
         except APIError:
             raise
         except Exception as exc:  # the template refused the conversation (e.g. raise_exception in the template)
-            raise invalid("messages", f"The chat template refused these messages: {exc}") from exc
+            raise invalid(param, f"The chat template refused these messages: {exc}") from exc
         try:  # tools and call arguments reach the prompt unchecked by the message checks
             text.encode("utf-8")
         except UnicodeEncodeError:
-            param = "tools" if listed else "messages"
-            raise invalid(param, f"{param} hold text that is not valid Unicode (a lone surrogate).") from None
-        ids = self._text_ids(text, "messages", add_special_tokens=False)
+            where = "tools" if listed else param
+            raise invalid(where, f"{where} hold text that is not valid Unicode (a lone surrogate).") from None
+        ids = self._text_ids(text, param, add_special_tokens=False)
         if not ids:
-            raise invalid("messages", "The chat template rendered these messages as an empty prompt.")
+            raise invalid(param, "The chat template rendered these messages as an empty prompt.")
         return ids
 
     def _text_ids(self, text: str, param: str, **kwargs) -> list[int]:
@@ -225,7 +224,7 @@ class ServingEngine:
         room = None if self.context is None else self.context - longest
         if room is not None and room < 1:
             raise invalid(
-                "messages" if request.kind == "chat" else "prompt",
+                request.param("messages") if request.kind == "chat" else "prompt",
                 f"This model's maximum context length is {self.context} tokens and the prompt has {longest}: "
                 "shorten the prompt.",
                 code="context_length_exceeded",
@@ -237,10 +236,11 @@ class ServingEngine:
                 return COMPLETION_DEFAULT_MAX_TOKENS
             return min(COMPLETION_DEFAULT_MAX_TOKENS, room) if request.kind == "completion" else room
         if room is not None and request.max_tokens > room:
+            name = request.param("max_tokens")
             raise invalid(
-                "max_tokens",
+                name,
                 f"This model's maximum context length is {self.context} tokens; the prompt has {longest} and "
-                f"max_tokens asks for {request.max_tokens} more: lower max_tokens to {room} or shorten the prompt.",
+                f"{name} asks for {request.max_tokens} more: lower {name} to {room} or shorten the prompt.",
                 code="context_length_exceeded",
             )
         return request.max_tokens
@@ -270,7 +270,16 @@ class ServingEngine:
                 )
                 text = IncrementalText(self.tokenizer, request.stop)
                 choices.append(
-                    Choice(index, prompt, settings, text, logprobs=request.logprobs, grammar=grammar, cache_salt=salt)
+                    Choice(
+                        index,
+                        prompt,
+                        settings,
+                        text,
+                        logprobs=request.logprobs,
+                        grammar=grammar,
+                        grammar_param=self.grammar_param(request),
+                        cache_salt=salt,
+                    )
                 )
         return choices
 
@@ -323,16 +332,16 @@ class ServingEngine:
         return max_tokens
 
     def grammar(self, request: ParsedRequest):
-        """The request's response_format, or the grammar of its tool calls, compiled (once per spec: the compiler
-        caches it), or None."""
+        """The request's response schema, or the grammar of its tool calls (with the response schema beside them
+        when both are given), compiled (once per spec: the compiler caches it), or None."""
         tools = request.tools is not None and request.tools.active
         if request.json_schema is None and not tools:
             return None
-        spec = ("lark", tool_grammar(request.tools, self.tool_format)) if tools else request.json_schema
-        param = "tools" if tools else "response_format"
+        spec = ("lark", tool_grammar(request.tools, self.tool_format, request.json_schema)) if tools else None
+        param = self.grammar_param(request)
         started = time.perf_counter()
         try:
-            grammar = compile_grammar(spec, self.tokenizer, self.vocab_size)
+            grammar = compile_grammar(spec or request.json_schema, self.tokenizer, self.vocab_size)
         except ImportError:
             raise APIError(
                 400,
@@ -342,19 +351,60 @@ class ServingEngine:
                 code="unsupported_parameter",
             ) from None
         except ValueError as error:
-            words = f"{param}: the schema cannot be used: {error}"
-            if tools:  # name the tool whose parameters break the calls' grammar (its test compiles are not kept)
-                check = functools.partial(
-                    compile_grammar, tokenizer=self.tokenizer, vocab_size=self.vocab_size, keep=False
-                )
-                fault = tool_at_fault(request.tools, check)
-                if fault is not None:
-                    param, words = fault
-            raise invalid(param, words) from None
+            param, words = self._grammar_fault(request, param, error) if tools else (param, None)
+            raise invalid(param, words or f"{param}: the schema cannot be used: {error}") from None
         seconds = time.perf_counter() - started
         for observe in self.grammar_observers:
             observe(seconds)
         return grammar
+
+    @staticmethod
+    def grammar_param(request: ParsedRequest) -> str:
+        """What a request's grammar is named after in errors: its tools when it calls them, else its schema."""
+        tools = request.tools is not None and request.tools.active
+        return request.param("tools" if tools else "response_format")
+
+    def _grammar_fault(self, request: ParsedRequest, param: str, error: ValueError) -> tuple[str, str | None]:
+        """Where the calls' grammar cannot be compiled: the tool whose parameters break it, else the response
+        schema beside them (each compiled alone, past the grammar cache); (param, None) where neither alone fails."""
+        check = functools.partial(compile_grammar, tokenizer=self.tokenizer, vocab_size=self.vocab_size, keep=False)
+        fault = tool_at_fault(request.tools, check)
+        if fault is not None:
+            return fault
+        if request.json_schema is not None:
+            name = request.param("response_format")
+            try:
+                check(request.json_schema)
+            except ValueError as alone:
+                return name, f"{name}: the schema cannot be used: {alone}"
+        return param, None
+
+
+def check_tool_format(tokenizer, parser: str, model_id: str):
+    """The `ToolFormat` of `--tool-call-parser`, checked against the chat template: a template that writes its
+    calls in another known format is refused (the model would call tools in a way this server does not read);
+    one that writes no known tag cannot be checked, which is logged once."""
+    form = TOOL_FORMATS[parser]
+    if form.tag in getattr(tokenizer, "all_special_tokens", ()):
+        raise ValueError(
+            f"--tool-call-parser {parser}: {form.tag} is a special token of this tokenizer, which decoded text never "
+            "holds; this server reads calls from the text."
+        )
+    taught = template_tool_format(tokenizer)
+    if taught is not None and taught is not form:
+        raise ValueError(
+            f"--tool-call-parser {parser}: the chat template of {model_id} writes tool calls with {taught.tag} (the "
+            f"{taught.name} format), not {form.tag}: serve it with --tool-call-parser {taught.name}."
+        )
+    if taught is None and getattr(tokenizer, "chat_template", None):
+        LOGGER.info(
+            "--tool-call-parser %s cannot be checked against the chat template of %s: it renders no call in a known "
+            "format (%s).",
+            parser,
+            model_id,
+            ", ".join(TOOL_FORMATS),
+        )
+    return form
 
 
 def check_model_folder(model: str | None) -> str:

@@ -1,28 +1,33 @@
-"""OpenAI request bodies in, validated `ParsedRequest` out; OpenAI-style error bodies for everything refused.
+"""OpenAI completions and chat bodies in, validated `ParsedRequest` out; OpenAI-style error bodies for everything
+refused.
 
-Every field a client sends is either honoured, accepted because it asks for the default (e.g. `presence_penalty: 0`),
-or refused with a 400 that names it: nothing is silently ignored. WeDLM's decoding options travel as extra body
+Every field a client sends is either honoured, accepted because it asks for the default (e.g. `presence_penalty: 0`)
+or changes nothing here (`prompt_cache_key`, `safety_identifier`, `verbosity`: docs/serving.md), or refused with a
+400 that names it: nothing is silently ignored. The null or empty values of the fields OpenAI itself puts in an
+answer's message (`refusal`, `annotations`, `audio`, `function_call`) are accepted in the history, since clients
+send earlier answers back as they got them (`message.model_dump()`). WeDLM's decoding options travel as extra body
 fields (`wedlm_window_size`, ...), which the official client sends with `extra_body=`.
 """
 
 import contextlib
-import json
-import math
 from dataclasses import dataclass, field
 
-from ..modeling import WeDLMDecodingConfig, WeDLMOptionError
+from ..modeling import WeDLMDecodingConfig
+from . import request_fields as check
 from .api_errors import APIError, error_body, invalid
+from .request_fields import MAX_LOGPROBS, MAX_N, WEDLM_FIELDS, wedlm_options
 from .tool_calls import ToolSpec, history_calls, parse_tools
 from .transformers_chat import merge_generation_config
 
 __all__ = ["APIError", "ParsedRequest", "error_body", "invalid", "parse_chat", "parse_completion", "wedlm_options"]
+__all__ += ["WEDLM_FIELDS"]
 
 
 @dataclass
 class ParsedRequest:
-    """A validated completions or chat request; prompts are not tokenised yet."""
+    """A validated completions, chat or Responses request; prompts are not tokenised yet."""
 
-    kind: str  # "completion" or "chat"
+    kind: str  # "completion" or "chat" (the Responses API decodes as chat)
     prompts: list = field(default_factory=list)  # completion: list of str or list of token-id lists
     messages: list[dict] = field(default_factory=list)  # chat: [{"role", "content"}] with string content
     n: int = 1
@@ -35,7 +40,7 @@ class ParsedRequest:
     include_usage: bool = False
     logprobs: int | None = None  # None: none asked for; k: each token's log-probability and the k most likely
     echo: bool = False  # completions: the prompt (and its tokens' log-probabilities) before the completion
-    json_schema: dict | None = None  # response_format: the JSON schema every choice's text follows (None: free text)
+    json_schema: dict | None = None  # the JSON schema the answer's text follows (None: free text)
     tools: ToolSpec | None = None  # chat: the functions the model may call (`tool_calls`)
     cache_salt: str | None = None  # prefix-cache blocks are shared only with requests of the same salt
     # Sampling fields beyond temperature and top_p (`sampling.choice_sampler`); None: the model's default.
@@ -47,50 +52,39 @@ class ParsedRequest:
     logit_bias: dict[int, float] | None = None  # token id -> bias
     eos_token_ids: list[int] | None = None  # from `transformers chat`'s generation_config: must be the model's
     wedlm: WeDLMDecodingConfig | None = None  # the WeDLM options: the request's wedlm_* fields over the model's
+    # What the route's client calls the fields that later checks (prompt length, the grammar) name, where it is not
+    # the chat route's name: the Responses API's `max_output_tokens`, `input`, `text.format`.
+    names: dict[str, str] = field(default_factory=dict)
 
+    def param(self, name: str) -> str:
+        """The field the client sent for `name` (one of max_tokens, messages, response_format, tools)."""
+        return self.names.get(name, name)
 
-WEDLM_FIELDS = WeDLMDecodingConfig.keys()
-# A context-draft lookup tries every suffix size from n down to 1, each comparing up to 64 earlier occurrences of
-# n tokens: its cost grows as n squared on the server's decoding thread, and longer suffixes rarely match anyway.
-MAX_CONTEXT_NGRAM = 8
-MAX_N = 128  # OpenAI's bound; the server's --max-request-rows bounds prompts x n further
-MAX_LOGPROBS = 20  # top log-probabilities per token, as vLLM and OpenAI's chat route allow
-MAX_STOP_STRINGS = 4
-MAX_STOP_CHARS = 256
-MAX_SALT_CHARS = 256
-MAX_SCHEMA_CHARS = 32_768  # a response_format schema, as JSON text: compiled per request (cached by text)
-MAX_LOGIT_BIAS = 300  # logit_bias entries: one dense vector per choice, built from them
-# A repetition penalty divides a repeated token's positive logits: far below 1, float32 logits overflow to inf.
-MIN_REPETITION_PENALTY = 0.01
 
 # Fields accepted only with the value that means "off"; anything else is refused as unsupported.
 _OFF_VALUES = {
-    "suffix": (None, ""),
-    "functions": (None, []),
-    "function_call": (None, "none"),
-    "service_tier": (None, "auto", "default"),
-    "store": (None, False),
-    "metadata": (None, {}),
-    "modalities": (None, ["text"]),
-    "reasoning_effort": (None,),
+    "suffix": ((None, ""), None),
+    "functions": ((None, []), None),
+    "function_call": ((None, "none"), None),
+    "service_tier": ((None, "auto", "default"), None),
+    "store": ((None, False), None),
+    "metadata": ((None, {}), None),
+    "modalities": ((None, ["text"]), None),
+    "reasoning_effort": ((None,), None),
 }
 _COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user"}
 _COMMON |= {"cache_salt", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p", "repetition_penalty"}
-_COMPLETION_FIELDS = (
-    _COMMON
-    | {"prompt", "echo", "suffix", "response_format"}
-    | {
-        "best_of",
-        "logprobs",
-    }
-)
+_COMMON |= {"prompt_cache_key", "safety_identifier"}
+_COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "response_format", "best_of", "logprobs"}
 _CHAT_FIELDS = (
     _COMMON
-    | {"messages", "max_completion_tokens", "logprobs"}
+    | {"messages", "max_completion_tokens", "logprobs", "verbosity"}
     | {"top_logprobs", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"}
     | {"response_format", "service_tier", "store", "metadata", "modalities", "reasoning_effort"}
 )
 _ROLES = ("system", "developer", "user", "assistant", "tool")
+# What an answer's message holds besides content and tool_calls, null or empty unless the model refused or spoke.
+_ECHOED = {"refusal": (None, ""), "annotations": (None, []), "audio": (None,), "function_call": (None,)}
 
 
 def parse_completion(
@@ -105,23 +99,21 @@ def parse_completion(
 
 
 def _parse_completion(body: dict, request: ParsedRequest, model_id, defaults, max_window) -> ParsedRequest:
-    _known_fields(body, _COMPLETION_FIELDS)
+    check.known_fields(body, _COMPLETION_FIELDS, _OFF_VALUES)
     request.prompts = _prompts(body.get("prompt"))
-    echo = body.get("echo", False)
-    if echo is None:
-        echo = False
-    if not isinstance(echo, bool):
-        raise invalid("echo", f"echo must be true or false, got {echo!r}.")
-    request.echo = echo
-    if echo and body.get("max_tokens") == 0:
+    request.echo = check.flag(body, "echo")
+    if request.echo and body.get("max_tokens") == 0:
         request.max_tokens = 0  # scoring the prompt only
     else:
-        request.max_tokens = _positive_int(body, "max_tokens", hint=" (0 only with echo: true, to score the prompt)")
+        request.max_tokens = check.positive_int(
+            body, "max_tokens", hint=" (0 only with echo: true, to score the prompt)"
+        )
     logprobs = body.get("logprobs")
-    if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
+    if logprobs is not None and (not check.is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
         raise invalid("logprobs", f"logprobs must be an integer from 0 to {MAX_LOGPROBS} (top tokens per position).")
     request.logprobs = logprobs
-    _common(body, request, model_id, defaults, max_window)
+    common(body, request, model_id, defaults, max_window)
+    request.json_schema = check.schema_format(body.get("response_format"), "response_format")
     return request
 
 
@@ -133,28 +125,61 @@ def parse_chat(body, model_id: str, defaults: WeDLMDecodingConfig, max_window: i
 
 
 def _parse_chat(body: dict, request: ParsedRequest, model_id, defaults, max_window) -> ParsedRequest:
-    _known_fields(body, _CHAT_FIELDS)
+    check.known_fields(body, _CHAT_FIELDS, _OFF_VALUES)
     request.messages = _messages(body.get("messages"))
-    max_tokens = _positive_int(body, "max_tokens")
-    max_completion = _positive_int(body, "max_completion_tokens")
+    max_tokens = check.positive_int(body, "max_tokens")
+    max_completion = check.positive_int(body, "max_completion_tokens")
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise invalid("max_completion_tokens", "Give max_completion_tokens or max_tokens, not two different values.")
     request.max_tokens = max_completion if max_completion is not None else max_tokens
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise invalid("logprobs", f"logprobs must be true or false, got {logprobs!r}.")
-    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_LOGPROBS):
+    if top is not None and (not check.is_int(top) or not 0 <= top <= MAX_LOGPROBS):
         raise invalid("top_logprobs", f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}.")
     if top is not None and not logprobs:
         raise invalid("top_logprobs", "top_logprobs needs logprobs: true.")
     request.logprobs = (top or 0) if logprobs else None
-    _common(body, request, model_id, defaults, max_window)
+    check.verbosity(body.get("verbosity"), "verbosity")
+    common(body, request, model_id, defaults, max_window)
+    request.json_schema = check.schema_format(body.get("response_format"), "response_format")
     request.tools = parse_tools(body)
-    if request.tools is not None and request.tools.active and request.json_schema is not None:
-        raise invalid("response_format", "Give tools or response_format, not both: each decides the answer's form.")
     if request.tools is not None and request.tools.active and request.stop:
         raise invalid("stop", "stop strings cannot be combined with tools: one could end the answer inside a call.")
     return request
+
+
+def common(body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMDecodingConfig, max_window) -> None:
+    """The fields every route reads alike (a route refuses, by its known fields, those it does not take)."""
+    check.checked_model(body, model_id)
+    check.identifiers(body)
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if not check.is_int(n) or not 1 <= n <= MAX_N:
+        raise invalid("n", f"n must be an integer from 1 to {MAX_N}, got {n!r}.")
+    if body.get("best_of") not in (None, 1, n):
+        raise invalid("best_of", "best_of is not supported by this server; leave it out.", "unsupported_parameter")
+    request.n = n
+    seed = body.get("seed")
+    if seed is not None and not check.is_int(seed):
+        raise invalid("seed", f"seed must be an integer, got {seed!r}.")
+    request.seed = seed
+    request.stop = check.stop(body.get("stop"))
+    request.stream = check.flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not request.stream:
+            raise invalid("stream_options", "stream_options is only allowed with stream: true.")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise invalid("stream_options", 'stream_options takes only {"include_usage": true|false}.')
+        include = options.get("include_usage", False)
+        if not isinstance(include, bool):
+            raise invalid("stream_options", "stream_options.include_usage must be true or false.")
+        request.include_usage = include
+    check.sampling(body, request)
+    request.cache_salt = check.cache_salt(body)
+    request.wedlm = wedlm_options(body, defaults, max_window)
 
 
 @contextlib.contextmanager
@@ -175,185 +200,17 @@ def _object(body) -> dict:
     return body
 
 
-def _known_fields(body: dict, allowed: set[str]) -> None:
-    for name in body:
-        if name.startswith("wedlm_"):
-            if name not in WEDLM_FIELDS:
-                raise invalid(
-                    name, f"Unknown WeDLM option {name!r}; known: {', '.join(WEDLM_FIELDS)}.", "unknown_field"
-                )
-        elif name not in allowed:
-            raise invalid(name, f"Unrecognized request argument supplied: {name}.", "unknown_field")
-        elif name in _OFF_VALUES and not any(_same(body[name], off) for off in _OFF_VALUES[name]):
-            raise invalid(name, f"{name} is not supported by this server; leave {name} out.", "unsupported_parameter")
-
-
-def _common(
-    body: dict, request: ParsedRequest, model_id: str, defaults: WeDLMDecodingConfig, max_window: int | None
-) -> None:
-    model = body.get("model")
-    if model is not None and model != model_id:
-        raise APIError(  # 404, as OpenAI and vLLM answer a model they do not serve
-            404,
-            f"The model {model!r} is not served here; this server serves {model_id!r} (see GET /v1/models).",
-            param="model",
-            code="model_not_found",
-        )
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise invalid("user", "user must be a string.")
-    n = body.get("n", 1)
-    if n is None:
-        n = 1
-    if not _is_int(n) or not 1 <= n <= MAX_N:
-        raise invalid("n", f"n must be an integer from 1 to {MAX_N}, got {n!r}.")
-    if body.get("best_of") not in (None, 1, n):
-        raise invalid("best_of", "best_of is not supported by this server; leave it out.", "unsupported_parameter")
-    request.n = n
-    request.temperature = _number(body, "temperature", 0.0, 2.0)
-    request.top_p = _number(body, "top_p", 0.0, 1.0)
-    if request.top_p == 0.0:
-        raise invalid("top_p", "top_p must be above 0 and at most 1 (1 keeps every token).")
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise invalid("seed", f"seed must be an integer, got {seed!r}.")
-    request.seed = seed
-    request.stop = _stop(body.get("stop"))
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise invalid("stream", f"stream must be true or false, got {stream!r}.")
-    request.stream = stream
-    options = body.get("stream_options")
-    if options is not None:
-        if not stream:
-            raise invalid("stream_options", "stream_options is only allowed with stream: true.")
-        if not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise invalid("stream_options", 'stream_options takes only {"include_usage": true|false}.')
-        include = options.get("include_usage", False)
-        if not isinstance(include, bool):
-            raise invalid("stream_options", "stream_options.include_usage must be true or false.")
-        request.include_usage = include
-    _sampling(body, request)
-    request.json_schema = _response_format(body.get("response_format"))
-    salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_SALT_CHARS):
-        raise invalid("cache_salt", f"cache_salt must be a non-empty string of at most {MAX_SALT_CHARS} characters.")
-    request.cache_salt = salt
-    request.wedlm = wedlm_options(body, defaults, max_window)
-
-
-def _sampling(body: dict, request: ParsedRequest) -> None:
-    """OpenAI's penalties and logit_bias, and vLLM's top_k, min_p and repetition_penalty, with their ranges."""
-    request.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0)
-    request.frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0)
-    request.min_p = _number(body, "min_p", 0.0, 1.0)
-    request.repetition_penalty = _number(body, "repetition_penalty", MIN_REPETITION_PENALTY, 2.0)
-    top_k = body.get("top_k")
-    if top_k is not None and (not _is_int(top_k) or top_k < -1):
-        raise invalid("top_k", f"top_k must be an integer >= 1, or -1 or 0 to consider every token; got {top_k!r}.")
-    request.top_k = None if top_k is None else max(top_k, 0)
-    request.logit_bias = _logit_bias(body.get("logit_bias"))
-
-
-def _logit_bias(value) -> dict[int, float] | None:
-    """{token id (a decimal string, as JSON keys are): bias from -100 to 100}; ids are checked against the
-    vocabulary when the choices are made."""
-    if value is None or value == {}:
-        return None
-    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
-        raise invalid(
-            "logit_bias",
-            f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids mapped to biases from -100 to 100.",
-        )
-    bias = {}
-    for key, number in value.items():
-        if not (key.isascii() and key.isdigit() and len(key) <= 9):
-            raise invalid("logit_bias", f"logit_bias keys are token ids written as decimal strings, got {key!r}.")
-        if not _is_number(number) or math.isnan(number) or not -100 <= number <= 100:
-            raise invalid("logit_bias", f"logit_bias[{key!r}] must be a number from -100 to 100, got {number!r}.")
-        bias[int(key)] = float(number)
-    return bias
-
-
-def _response_format(value) -> dict | None:
-    """OpenAI's response_format: None for text, else the JSON schema the output follows ({"type": "object"} for
-    json_object; a json_schema without a schema admits any JSON value)."""
-    kinds = '"text", "json_object" or "json_schema"'
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-        raise invalid("response_format", f'response_format must be an object with a "type": {kinds}.')
-    kind, extra = value["type"], set(value) - {"type", "json_schema"}
-    if kind not in ("text", "json_object", "json_schema"):
-        raise invalid("response_format", f"response_format type {kind!r} is not one of {kinds}.")
-    if extra or (kind != "json_schema" and "json_schema" in value):
-        raise invalid(
-            "response_format", f"response_format {{'type': {kind!r}}} takes no {sorted(set(value) - {'type'})}."
-        )
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "object"}
-    spec = value.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise invalid(
-            "response_format",
-            'response_format {"type": "json_schema"} needs "json_schema": {"name": "...", "schema": {...}}.',
-        )
-    unknown = sorted(set(spec) - {"name", "description", "schema", "strict"})
-    if unknown:
-        raise invalid(
-            "response_format", f"response_format.json_schema takes name, description, schema and strict, not {unknown}."
-        )
-    if spec.get("strict") not in (None, True, False):
-        raise invalid("response_format", "response_format.json_schema.strict must be true or false.")
-    schema = spec.get("schema", {})
-    if not isinstance(schema, dict):
-        raise invalid("response_format", "response_format.json_schema.schema must be a JSON schema object.")
-    if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
-        raise invalid(
-            "response_format", f"response_format's schema is over this server's limit of {MAX_SCHEMA_CHARS} characters."
-        )
-    return schema
-
-
-def wedlm_options(body: dict, defaults: WeDLMDecodingConfig, max_window: int | None = None) -> WeDLMDecodingConfig:
-    """The body's `wedlm_*` fields over `defaults`, checked by the core (a 400 naming the field, in the words
-    `generate` uses), then against this server's own limits: W at most `max_window`, the context n-gram at most
-    `MAX_CONTEXT_NGRAM`."""
-    given = {key: body[key] for key in WEDLM_FIELDS if key in body}
-    try:
-        options = WeDLMDecodingConfig.from_values(defaults.as_kwargs(), given)
-    except WeDLMOptionError as error:
-        raise invalid(error.key, str(error)) from None
-    if max_window is not None and options.window_size > max_window:
-        raise invalid(
-            "wedlm_window_size",
-            f"wedlm_window_size {options.window_size} is above this server's limit of {max_window} "
-            "(--max-window-size); 16 is usual.",
-        )
-    if options.context_ngram > MAX_CONTEXT_NGRAM:
-        raise invalid(
-            "wedlm_context_ngram",
-            f"wedlm_context_ngram must be an integer from 1 to {MAX_CONTEXT_NGRAM} on this server (3 is usual), got "
-            f"{options.context_ngram!r}.",
-        )
-    return options
-
-
 def _prompts(prompt) -> list:
     if prompt is None:
         raise invalid("prompt", "prompt is required: a string, a list of strings, or token ids.", "missing_field")
     if isinstance(prompt, str):
-        return [_text(prompt, "prompt")]
+        return [check.text(prompt, "prompt")]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return [_text(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
-        if all(_is_int(t) for t in prompt):
+            return [check.text(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        if all(check.is_int(t) for t in prompt):
             return [list(prompt)]
-        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+        if all(isinstance(p, list) and p and all(check.is_int(t) for t in p) for p in prompt):
             return [list(p) for p in prompt]
     raise invalid("prompt", "prompt must be a string, a non-empty list of strings, a token-id list or a list of those.")
 
@@ -369,17 +226,12 @@ def _messages(messages) -> list[dict]:
         role = message.get("role")
         if role not in _ROLES:
             raise invalid(f"{param}.role", f"{param}.role must be one of {', '.join(_ROLES)}, got {role!r}.")
-        allowed = {"role", "content", "name"} | {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}.get(role, set())
-        extra = set(message) - allowed
-        if extra:
-            raise invalid(param, f"{param} has fields this server does not support: {', '.join(sorted(extra))}.")
-        if "name" in message and not isinstance(message["name"], str):
-            raise invalid(f"{param}.name", f"{param}.name must be a string.")
-        calls = message.get("tool_calls")
-        if calls is not None and message.get("content") is None:  # an assistant turn that only called tools
-            parsed.append({"role": role, "content": "", "tool_calls": history_calls(calls, f"{param}.tool_calls")})
-            continue
-        entry = {"role": role, "content": _content(message.get("content"), f"{param}.content")}
+        _message_fields(message, role, param)
+        calls = message.get("tool_calls") or None  # null and [] (an answer that called nothing) alike
+        content = message.get("content")
+        if content is None and role == "assistant":  # an answer that only called tools (or said nothing)
+            content = ""
+        entry = {"role": role, "content": _content(content, f"{param}.content")}
         if calls is not None:
             entry["tool_calls"] = history_calls(calls, f"{param}.tool_calls")
         if role == "tool":
@@ -394,72 +246,32 @@ def _messages(messages) -> list[dict]:
     return parsed
 
 
+def _message_fields(message: dict, role: str, param: str) -> None:
+    """A message has only the fields its role takes; an assistant's echoed answer fields only when null or empty."""
+    allowed = {"role", "content", "name"} | {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}.get(role, set())
+    echoed = set(_ECHOED) if role == "assistant" else set()
+    extra = set(message) - allowed - echoed
+    if extra:
+        raise invalid(param, f"{param} has fields this server does not support: {', '.join(sorted(extra))}.")
+    for name in sorted(echoed & set(message)):
+        if not any(check.same(message[name], empty) for empty in _ECHOED[name]):
+            raise invalid(
+                f"{param}.{name}",
+                f"{param}.{name} must be null or empty here: this server's answers never hold one (send the "
+                "assistant's text as content).",
+            )
+    if "name" in message and not isinstance(message["name"], str):
+        raise invalid(f"{param}.name", f"{param}.name must be a string.")
+
+
 def _content(content, param: str) -> str:
     if isinstance(content, str):
-        return _text(content, param)
+        return check.text(content, param)
     if isinstance(content, list):
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise invalid(param, f"{param} parts must be text parts ({{'type': 'text', 'text': ...}}).")
             texts.append(part["text"])
-        return _text("".join(texts), param)
+        return check.text("".join(texts), param)
     raise invalid(param, f"{param} must be a string or a list of text parts.")
-
-
-def _stop(stop) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stops):
-        raise invalid("stop", f"stop must be a non-empty string or a list of up to {MAX_STOP_STRINGS} of them.")
-    if any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise invalid("stop", f"stop strings must be at most {MAX_STOP_CHARS} characters long.")
-    return [_text(s, "stop") for s in stops]
-
-
-def _text(value: str, param: str) -> str:
-    """A string that is valid Unicode text: JSON can carry lone surrogates (\\ud800), which no tokenizer takes."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise invalid(
-            param,
-            f"{param} is not valid Unicode: a lone surrogate at character {exc.start} (e.g. \\ud800 without "
-            "its pair); send UTF-8 text.",
-            code="invalid_text",
-        ) from None
-    return value
-
-
-def _positive_int(body: dict, name: str, hint: str = "") -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_int(value) or value < 1:
-        raise invalid(name, f"{name} must be an integer >= 1{hint}, got {value!r}.")
-    return value
-
-
-def _number(body: dict, name: str, low: float, high: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_number(value) or math.isnan(value) or not low <= value <= high:
-        raise invalid(name, f"{name} must be a number from {low:g} to {high:g}, got {value!r}.")
-    return float(value)
-
-
-def _same(value, off) -> bool:
-    """Equal and of the same JSON type (so `logprobs: 0`, which asks for log probabilities, is not `false`)."""
-    if isinstance(off, (int, float)) and not isinstance(off, bool):
-        return _is_number(value) and value == off
-    return type(value) is type(off) and value == off
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

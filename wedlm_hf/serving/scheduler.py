@@ -91,7 +91,8 @@ class Choice:
     logprobs: int | None = None  # None: no log-probabilities; k: each token's and its k most likely alternatives
     cached_tokens: int = 0  # prompt tokens found in the prefix cache when the row joined
     prompt_stored: bool = False  # its prompt's K/V went into the prefix cache
-    grammar: object | None = None  # the compiled response_format its text follows; each row gets its own state
+    grammar: object | None = None  # the compiled schema or tools' grammar its text follows (a state per row)
+    grammar_param: str = "response_format"  # the request field the grammar came from, as its client named it
     cache_salt: object = None  # prefix-cache blocks are shared only between choices with equal salts
 
 
@@ -359,16 +360,17 @@ class Scheduler:
 
     def _fail_broken_grammars(self) -> None:
         """Ends the requests whose grammar failed in this step (`ContainedGrammar`): theirs alone, with a 400."""
-        for row, (job, _) in list(self._live.items()):
+        for row, (job, choice) in list(self._live.items()):
             error = getattr(row.grammar, "error", None)
             if error is not None and not job.ended:
+                param = choice.grammar_param
                 self._fail(
                     job,
                     400,
-                    f"response_format's grammar failed while decoding this request ({error}); simplify the schema "
+                    f"The grammar of {param} failed while decoding this request ({error}); simplify the schema "
                     "(a property whose schema contains itself, or very long forced text, exhausts the grammar "
                     "library's limits).",
-                    param="response_format",
+                    param=param,
                     code="grammar_failed",
                 )
 
