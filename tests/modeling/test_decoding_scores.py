@@ -56,25 +56,44 @@ def test_default_mode_logits_are_the_ar_logits_of_each_position(model64, extra):
     assert torch.equal(torch.stack(out.logits), torch.stack(out.scores))  # greedy: nothing processes them
 
 
-def test_sampling_scores_are_the_warped_logits(model64):
-    ids, mask = prompts(2)
+def sampled(model, ids, mask, **extra):
     torch.manual_seed(0)
-    out = model64.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=12,
-        do_sample=True,
-        temperature=0.7,
-        top_k=5,
-        eos_token_id=None,
-        **WEDLM,
-        **OUT,
-    )
+    options = dict(max_new_tokens=12, do_sample=True, temperature=0.7, top_k=5, eos_token_id=None)
+    return model.generate(ids, attention_mask=mask, **options, **WEDLM, **OUT, **extra)
+
+
+def test_lossless_sampling_scores_are_the_warped_logits(model64):
+    """Lossless sampling draws every token from AR's warped distribution at its position: the scores are those."""
+    ids, mask = prompts(2)
+    out = sampled(model64, ids, mask, wedlm_lossless=True)
     for raw, processed in zip(out.logits, out.scores):
         kept = torch.isfinite(processed)
         assert (kept.sum(-1) == 5).all()
         torch.testing.assert_close(processed[kept], (raw / 0.7)[kept])
         assert (raw.topk(5, dim=-1).values.min(-1).values[:, None] <= raw.masked_fill(~kept, float("inf"))).all()
+
+
+def test_default_sampling_scores_are_the_distributions_each_token_was_drawn_from(model64, shipped_model):
+    """A default-mode token is drawn at its masked slot, from that slot's warped distribution, which can leave out
+    AR's top-k at its position: its score is the log of the distribution it was drawn from, so every emitted token
+    has a finite score (AR's processed logits gave -inf to such tokens). The logits stay AR's."""
+    ids, mask = prompts(2)
+    out = sampled(model64, ids, mask)
+    reference = full_forward_logits(model64, ids, mask, out.sequences)
+    for i, (raw, processed) in enumerate(zip(out.logits, out.scores)):
+        torch.testing.assert_close(raw, reference[:, i], rtol=0, atol=1e-6)
+        assert (torch.isfinite(processed).sum(-1) == 5).all()  # the slot's own top 5
+        torch.testing.assert_close(processed.exp().sum(-1), torch.ones(2))
+    transition = model64.compute_transition_scores(out.sequences, out.scores)
+    assert torch.isfinite(transition).all()
+    model, tokenizer = shipped_model  # where AR's top-k often leaves out the emitted token
+    inputs = tokenizer(["def parse(text):", "count from 3 by 4:"], return_tensors="pt", padding=True)
+    for seed in range(6):
+        torch.manual_seed(seed)
+        out = model.generate(
+            **inputs, strategy="wedlm", max_new_tokens=24, do_sample=True, top_k=8, eos_token_id=None, **OUT
+        )
+        assert torch.isfinite(model.compute_transition_scores(out.sequences, out.scores)).all()
 
 
 class CountingModel(WeDLMForCausalLM):

@@ -83,6 +83,6 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int,
         tokens = sampler.draw(probs) if sampler.do_sample else sampler(block, contexts)
         for i, token in enumerate(tokens.tolist()):
             b, c = chosen[members[i]]
-            keep = probs is not None and rows[b].settings.lossless
+            keep = probs is not None and (rows[b].settings.lossless or rows[b].settings.keep_logits)
             out[b, c] = (token, probs[i] if keep else None)
     return out

@@ -133,6 +133,9 @@ class DecodingRow:
     # `next_logits` are those of the slot after the committed text, `step_logits` this step's run rows' (row i:
     # slot i + 1's), of which the commit takes one per token.
     logits: list = field(default_factory=list)
+    # keep_logits in default mode: per generated token, the distribution its fill was drawn from at its masked slot
+    # (None where it was not drawn: greedy, forced, copied), which `output_scores` gives for that position.
+    draws: list = field(default_factory=list)
     next_logits: torch.Tensor | None = None
     step_logits: torch.Tensor | list | None = None
     _taken: int = 0
@@ -233,6 +236,8 @@ class DecodingRow:
         if self.tracks_logits:
             for _ in tokens:
                 self._take_logits()
+        if settings.keep_logits and not settings.lossless:
+            self.draws += [slot.q for slot in self.window[:kept]]
         self.generated += tokens
         if self.grammar is not None:
             for slot in self.window[:kept]:

@@ -320,6 +320,7 @@ def _output(config, rows, input_ids, attention_mask, pad_token_id, processors, g
     if raw is not None and config.output_scores:
         width = input_ids.shape[1]
         scores = tuple(processors(sequences[:, : width + i], step.clone()) for i, step in enumerate(raw))
+        _drawn_scores(scores, rows)
         _restrict_scores(scores, rows, grammars)
     return WeDLMGenerateOutput(
         sequences=sequences,
@@ -328,6 +329,16 @@ def _output(config, rows, input_ids, attention_mask, pad_token_id, processors, g
         wedlm_stats=[row.stats for row in rows],
         **{OUTPUT_CACHE_FIELD: _aligned_cache(rows, attention_mask, sequences.shape[1], given_cache)},
     )
+
+
+def _drawn_scores(scores: tuple, rows) -> None:
+    """A default-mode token drawn at its masked slot was drawn from that slot's distribution, not from AR's at its
+    position: its score is the log of the distribution it was drawn from, as AR sampling's scores are the
+    processed logits its token was drawn from (so every emitted token's score is finite)."""
+    for row in rows:
+        for i, q in enumerate(row.draws):
+            if q is not None:
+                scores[i][row.index] = q.float().log().to(scores[i].device)
 
 
 def _restrict_scores(scores: tuple, rows, grammars: list) -> None:

@@ -160,7 +160,7 @@ def fill_draws(rows: list[DecodingRow], scores: torch.Tensor, masks: list[list[i
         drawn = {}
         for columns, probs in plans:
             for i, ((b, c), token) in enumerate(zip(columns, values.pop(0))):
-                keep = probs is not None and rows[b].settings.lossless
+                keep = probs is not None and (rows[b].settings.lossless or rows[b].settings.keep_logits)
                 drawn[b, c] = (int(token), (probs, i) if keep else None)
         return drawn
 
