@@ -39,6 +39,13 @@ def test_what_cannot_run_here_is_refused_naming_the_fix(choice, fix):
     assert fix in str(error.value)
 
 
+def test_int8_in_float64_is_refused_before_transformers_loads_it():
+    """torchao has no float64 int8 kernels: transformers' loader died with a conversion report and a traceback."""
+    with pytest.raises(ValueError, match="torchao-int8 quantizes float32, bfloat16 or float16 weights, not float64"):
+        quantization_config("torchao-int8", torch.device("cpu"), default_model_path(), torch.float64)
+    assert quantization_config("torchao-int8", torch.device("cpu"), default_model_path(), torch.float16) is not None
+
+
 def test_quantization_name_reads_dicts_and_config_objects():
     class Saved:
         quantization_config = {"quant_method": "torchao", "quant_type": {}}

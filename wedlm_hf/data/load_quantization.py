@@ -41,6 +41,11 @@ def quantization_config(
             f"--quantization {choice} runs on CUDA GPUs, not on {device.type}: use torchao-int8 there, or serve on a "
             "GPU."
         )
+    if choice == "torchao-int8" and dtype == torch.float64:  # torchao's int8 weights have no float64 kernels
+        raise ValueError(
+            "--quantization torchao-int8 quantizes float32, bfloat16 or float16 weights, not float64: give --dtype "
+            "float32 (or bfloat16, float16)."
+        )
     if choice == "torchao-int4" and dtype != torch.bfloat16:
         raise ValueError(f"--quantization torchao-int4 computes in bfloat16, not {dtype}: add --dtype bfloat16.")
     if library == "torchao":
