@@ -61,19 +61,44 @@ def test_core_imports_only_torch_transformers_and_its_neighbours(module):
             assert top in stdlib or top in ("torch", "transformers"), f"{module} imports {target}"
 
 
-CORE_FILE_LINES, CORE_FUNCTION_LINES = 500, 80
+FILE_LINES, FUNCTION_LINES = 500, 80
+# Over the limits until their owner splits them (issue 56); an entry that is back within them fails the test, so
+# remove it with the split. "file": the file's length; any other name: that function's.
+OVER_THE_LIMITS_FOR_NOW = {
+    "wedlm_hf.serving.app": {"file", "create_app"},  # 533 lines, create_app 108: being split by the serving work
+}
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if wing_of(m) == CORE])
-def test_core_files_and_functions_stay_readable(module):
-    """A core file holds one idea in at most 500 lines, a function at most 80 (docstring included)."""
-    path = MODULES[module]
+def over_the_limits(path: Path) -> dict[str, str]:
+    """What in the file is longer than the limits: "file" and function names, each with what is wrong."""
     source = path.read_text()
-    assert len(source.splitlines()) <= CORE_FILE_LINES, f"{path.name}: split it by idea"
+    found = {}
+    if len(source.splitlines()) > FILE_LINES:
+        found["file"] = f"{len(source.splitlines())} lines (at most {FILE_LINES}): split it by idea"
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             length = node.end_lineno - node.lineno + 1
-            assert length <= CORE_FUNCTION_LINES, f"{path.name}: {node.name} has {length} lines"
+            if length > FUNCTION_LINES:
+                found[node.name] = f"{node.name} has {length} lines (at most {FUNCTION_LINES})"
+    return found
+
+
+@pytest.mark.parametrize("module", list(MODULES))
+def test_files_and_functions_stay_readable(module):
+    """A file holds one idea in at most 500 lines, a function at most 80 (docstring included): the core and every
+    wing, the CLI and the command options alike."""
+    path = MODULES[module]
+    allowed = OVER_THE_LIMITS_FOR_NOW.get(module, set())
+    found = over_the_limits(path)
+    where = path.relative_to(PACKAGE.parent)
+    assert set(found) <= allowed, f"{where}: " + "; ".join(found[name] for name in sorted(set(found) - allowed))
+    assert allowed <= set(found), (
+        f"{where}: {sorted(allowed - set(found))} within the limits: remove the allow-list entry"
+    )
+
+
+def test_the_allow_list_names_modules_that_exist():
+    assert set(OVER_THE_LIMITS_FOR_NOW) <= set(MODULES), set(OVER_THE_LIMITS_FOR_NOW) - set(MODULES)
 
 
 # Core modules tested where a behaviour that spans them is (the file, under tests/); every other core module has

@@ -10,6 +10,13 @@ QUANTIZATIONS = ("torchao-int8", "torchao-int4", "bitsandbytes-8bit", "bitsandby
 
 
 def add_arguments(parser) -> None:
+    _add_address_and_access(parser)
+    _add_limits(parser)
+    _add_model_and_decoding(parser)
+
+
+def _add_address_and_access(parser) -> None:
+    """What is served where, and to whom."""
     parser.add_argument(
         "--model",
         default=None,
@@ -40,6 +47,10 @@ def add_arguments(parser) -> None:
         help="Host header names accepted, '*' for any (default: the loopback names for a loopback --host, any "
         "for 0.0.0.0, else --host itself)",
     )
+
+
+def _add_limits(parser) -> None:
+    """The bounds on the batch, on one request and on the connections."""
     parser.add_argument("--max-batch-size", type=positive_int, default=16, help="rows decoded together")
     parser.add_argument(
         "--max-queue", type=positive_int, default=256, help="rows of all requests waiting to join; beyond: 429"
@@ -80,6 +91,10 @@ def add_arguments(parser) -> None:
         default=15.0,
         help="seconds a request's headers and body may take to arrive; then 408 and the connection is closed",
     )
+
+
+def _add_model_and_decoding(parser) -> None:
+    """How the model loads and decodes, and how the server stops."""
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     add_dtype(parser)
     parser.add_argument(
