@@ -7,6 +7,10 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="wedlm-hf-modules-"))  # remote code stays local
+# One torch thread in every interpreter the tests start too (examples, remote code, `wedlm-hf serve`): the models here
+# are tiny, and on two threads they take several times the CPU (a worker's subprocess then also competes with the
+# other workers). A command given --threads still sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
