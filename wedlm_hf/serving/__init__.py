@@ -15,7 +15,9 @@
 - `prefix_cache`: K/V of earlier prompts and answers in blocks, bounded, shared by later requests.
 - `log_probabilities`: the model's AR log-probabilities of tokens, as `logprobs` and `echo` report them.
 - `responses`: OpenAI response bodies and stream chunks.
-- `app`: the FastAPI routes and the playground page (`playground.html`, `playground.js`).
+- `app`: the FastAPI routes and the playground page (`playground.html`, `playground.js`); `request_flow`: how a route
+  answers (the body read, parsed off the loop, the job, one body or a stream); `choice_tally`: each choice's text,
+  calls and finish, and the chat and completions stream chunks.
 - `server`: uvicorn with a draining shutdown; `wedlm-hf serve`.
 
 Imports the core, and `default_model_path` and `load_dtype` from the data wing; nothing imports this wing.

@@ -178,7 +178,7 @@ class GuardedH11Protocol(H11Protocol):
             self._client,
             self.guard.read_timeout,
         )
-        if self.cycle is not None:  # the app, waiting for the body, answers nothing more (app._read_body)
+        if self.cycle is not None:  # the app, waiting for the body, answers nothing more (request_flow.read_body)
             self.cycle.scope.setdefault("state", {})["read_timed_out"] = True
         sent = self.cycle is not None or bool(self.conn.trailing_data[0])  # a connection that sent nothing
         if sent and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # ... is closed as an idle one
