@@ -39,6 +39,7 @@ _EXPORTS = {
     "WeDLMModel": "modeling",
     "WeDLMPreTrainedModel": "modeling",
     "WeDLMStats": "modeling",
+    "batch_invariant": "modeling.batch_invariant",
     "default_model_path": "data",
     "generate_wedlm": "modeling",
 }

@@ -28,6 +28,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RotaryEmbedding,
 )
 
+from .batch_invariant import check_model
 from .configuration_wedlm import WeDLMConfig
 from .dual_stream_loss import additive_attention_mask, dual_stream_loss
 from .generation_wedlm import STRATEGIES, ensure_wedlm_generation_defaults, generate_wedlm, resolve_strategy
@@ -167,6 +168,7 @@ class WeDLMForCausalLM(WeDLMPreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
             to the row that predicts them, and the loss is (next-token loss on the clean stream + 1/gamma-weighted
             masked loss on the prediction stream) / 2. The output then also carries `ar_loss` and `mlm_loss`.
         """
+        check_model(self)  # inside `batch_invariant()`: refuses what it does not cover (eager attention, ...)
         if label_weights is None:
             return super().forward(
                 input_ids=input_ids,

@@ -10,6 +10,7 @@ Positions are not stored: RoPE is already applied to the cached keys, so columns
 import torch
 from transformers import DynamicCache
 
+from .batch_invariant import check_model
 from .execution_device import execution_device
 from .transformers_versions import CACHE_KWARG, forward_arguments
 
@@ -18,6 +19,7 @@ class RaggedCache:
     """A `DecodingCache` on one DynamicCache (see the module docstring)."""
 
     def __init__(self, model, batch_size: int, max_dead: int, cache: DynamicCache | None = None):
+        check_model(model)  # inside `batch_invariant()`, a model it does not cover is refused before any forward
         self.model = model
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         if self.cache.get_seq_length() != 0:

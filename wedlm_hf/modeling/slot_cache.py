@@ -24,6 +24,7 @@ of shapes; positions, write positions and the mask are tensors, so no Python bra
 import torch
 from transformers import Cache
 
+from .batch_invariant import check_model
 from .transformers_versions import forward_arguments
 
 PREFILL_STEP = 32  # prefill widths are rounded up to a multiple of this
@@ -84,6 +85,7 @@ class SlotCache(Cache):
 
     def __init__(self, model, slots: int, max_length: int, compiled=None):
         """`max_length`: the tokens (prompt plus generated) a row may hold; the slot gets a sink column more."""
+        check_model(model)  # inside `batch_invariant()`, a model it does not cover is refused before any forward
         columns = round_up(max_length + 1, LENGTH_STEP)
         text = model.config.get_text_config()
         heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads

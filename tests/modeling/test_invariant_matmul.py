@@ -1,0 +1,109 @@
+"""Matrix products under the switch: a row's bits do not depend on the other rows, dtype by dtype."""
+
+import pytest
+import torch
+
+from wedlm_hf.modeling import invariant_matmul
+from wedlm_hf.modeling.invariant_matmul import (
+    MIN_ROWS,
+    invariant_addmm,
+    invariant_mm,
+    original_mm,
+    probe_route,
+    route_name,
+)
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# The shipped model's products (hidden -> q/o, k/v, MLP up, MLP down, the head); counts a decoding step feeds.
+SHAPES = [(256, 256), (256, 128), (256, 768), (768, 256), (256, 4096)]
+ROW_COUNTS = [1, 2, 5, 15, 16, 17, 33, 70, 130]
+
+
+def operands(k: int, n: int, dtype, rows: int = 130):
+    generator = torch.Generator().manual_seed(k * 7 + n)
+    weight = torch.randn((n, k), generator=generator).to(dtype)
+    return torch.randn((rows, k), generator=generator).to(dtype), weight.t()  # as a linear layer passes them
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_row_gets_the_same_bits_among_any_number_of_rows(dtype):
+    for k, n in SHAPES:
+        a, b = operands(k, n, dtype)
+        alone = torch.cat([invariant_mm(a[i : i + 1], b) for i in range(a.shape[0])])
+        for rows in ROW_COUNTS:
+            assert torch.equal(invariant_mm(a[:rows], b), alone[:rows]), (dtype, k, n, rows)
+        shuffled = torch.randperm(a.shape[0], generator=torch.Generator().manual_seed(0))
+        assert torch.equal(invariant_mm(a[shuffled], b), alone[shuffled])  # a row's place does not matter either
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_torch_own_product_rounds_a_row_alone_differently(dtype):
+    """What the rule is for: a single row takes another kernel (the test above would fail without padding)."""
+    a, b = operands(256, 768, dtype)
+    assert not torch.equal(original_mm(a[:1], b)[0], original_mm(a[:MIN_ROWS], b)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_products_stay_close_to_torch_own(dtype):
+    a, b = operands(256, 768, dtype)
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(invariant_mm(a, b), original_mm(a, b), atol=tolerance, rtol=tolerance)
+
+
+def test_rows_agree_on_two_threads():
+    torch.set_num_threads(2)  # the conftest puts the count back after the test
+    a, b = operands(256, 4096, torch.float32)
+    alone = torch.cat([invariant_mm(a[i : i + 1], b) for i in range(20)])
+    assert torch.equal(invariant_mm(a, b)[:20], alone)
+
+
+def test_addmm_adds_the_bias_to_the_invariant_product():
+    a, b = operands(256, 128, torch.float32)
+    bias = torch.randn(128)
+    product = invariant_mm(a[:3], b)
+    assert torch.equal(invariant_addmm(bias, a[:3], b), product + bias)
+    assert torch.equal(invariant_addmm(bias, a[:3], b, beta=0.5, alpha=2), product * 2 + bias * 0.5)
+    assert torch.equal(invariant_addmm(torch.full((128,), float("nan")), a[:3], b, beta=0), product)  # not read
+
+
+def test_the_probe_takes_the_first_route_whose_rows_agree():
+    _, b = operands(256, 128, torch.bfloat16)
+
+    def native_varies(route, a, b):  # a kernel that rounds with the row count unless the product runs in float32
+        out = original_mm(a.float(), b.float())
+        return (out if route[0] else out + a.shape[0] * 1e-3).to(a.dtype)
+
+    assert route_name(probe_route(b, run=native_varies)) == "float32"
+
+    def blocks_needed(route, a, b):  # a kernel that rounds differently above 64 rows unless run in blocks
+        out = original_mm(a, b)
+        return out + 1 if a.shape[0] > 64 and not route[1] else out
+
+    assert route_name(probe_route(b, run=blocks_needed)) == "native, in blocks of 64 rows"
+
+
+def test_a_product_no_route_makes_invariant_is_refused_in_one_line():
+    _, b = operands(256, 128, torch.float32)
+    with pytest.raises(
+        ValueError, match=r"^batch_invariant\(\): float32 matrix products with a 256 x 128 operand"
+    ) as e:
+        probe_route(b, run=lambda route, a, b: original_mm(a, b) + a.shape[0])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError):  # float32 operands have no wider route to fall back on
+        probe_route(b, run=lambda route, a, b: original_mm(a, b) * (1.0 if route[0] else 1 + a.shape[0] * 1e-3))
+
+
+def test_routes_are_probed_once_per_operand_shape(monkeypatch):
+    probed = []
+    monkeypatch.setattr(invariant_matmul, "_ROUTES", {})
+    monkeypatch.setattr(invariant_matmul, "probe_route", lambda b: probed.append(b.shape) or (False, False))
+    a, b = operands(256, 128, torch.float32)
+    for rows in (1, 40, 3):
+        invariant_mm(a[:rows], b)
+    assert probed == [b.shape]
+
+
+def test_integer_products_are_torch_own():
+    a = torch.randint(-5, 5, (3, 4))
+    b = torch.randint(-5, 5, (4, 2))
+    assert torch.equal(invariant_mm(a, b), a @ b)

@@ -1,0 +1,1 @@
+../modeling/batch_invariant.py

@@ -1,0 +1,1 @@
+../modeling/invariant_matmul.py

@@ -1,0 +1,1 @@
+../modeling/tiled_attention.py

@@ -1,0 +1,113 @@
+"""Matrix products whose rows do not depend on how many rows share them (docs/algorithm.md section 7).
+
+A BLAS picks its kernel by the product's shape, and kernels sum a row's K products in different orders. Measured on
+this project's CPU (MKL and oneDNN in torch 2.13): float32 runs one kernel for a single row, another up to about 15
+rows and a blocked one above, and each rounds a row differently; float16 rounds a single row differently from two or
+more; oneDNN's bfloat16 kernels change with the row count for weights of a few thousand squared. A row of a linear
+layer then rounds differently when the batch, the window or the prompt chunk around it changes.
+
+Under the switch every product has at least `MIN_ROWS` rows: shorter ones are padded with zero rows (a row of a
+product reads only its own row of the left operand), so the one-row and small-matrix kernels never run. That the
+kernel then sums a row the same way at every row count is measured where it runs, not assumed: the first product
+with a given right operand (shape, dtype, layout, torch's thread count) is computed at `PROBE_ROW_COUNTS` row counts
+and each row compared bit for bit with the row computed alone. A float16 or bfloat16 operand that fails runs in
+float32 instead (exact products of the widened values, rounded once to the dtype), probed the same way; a product
+that fails both is refused with one line naming it.
+"""
+
+import torch
+
+MIN_ROWS = 16
+BLOCK_ROWS = 64  # a product that disagrees above some row count is run in blocks of at most this many rows
+# Every count from MIN_ROWS to 64 (oneDNN's kernel choice changes at irregular counts there), then a few larger ones.
+PROBE_ROW_COUNTS = (*range(MIN_ROWS, 65), 96, 128, 192, 256)
+_REDUCED = (torch.float16, torch.bfloat16)
+# (in float32, in blocks of BLOCK_ROWS rows), cheapest first: the ways a product may run
+ROUTES = ((False, False), (False, True), (True, False), (True, True))
+_ROUTES: dict[tuple, tuple] = {}  # probed right operands -> their route
+
+
+def original_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch's own kernel for a @ b, reached through `mm.out`, an overload the switch leaves alone."""
+    return torch.mm(a, b, out=a.new_empty((a.shape[0], b.shape[1])))
+
+
+def invariant_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b, each row of the result the same bits whatever the other rows of `a` and however many there are."""
+    if a.dtype != b.dtype or not a.dtype.is_floating_point:
+        return original_mm(a, b)  # torch's own error or integer kernels, which are exact anyway
+    rows = a.shape[0]
+    out = product(_route(b), padded(a), b)
+    return out[:rows] if rows < MIN_ROWS else out
+
+
+def padded(a: torch.Tensor) -> torch.Tensor:
+    """`a` with zero rows appended up to MIN_ROWS rows (as it is when it has as many)."""
+    if a.shape[0] >= MIN_ROWS:
+        return a
+    return torch.cat([a, a.new_zeros((MIN_ROWS - a.shape[0], *a.shape[1:]))])
+
+
+def invariant_addmm(bias, a, b, *, beta=1, alpha=1) -> torch.Tensor:
+    """beta * bias + alpha * (a @ b) with the product of `invariant_mm`; the rest is elementwise."""
+    out = invariant_mm(a, b)
+    if alpha != 1:
+        out = out * alpha
+    if beta == 0:  # addmm's rule: the bias is not read (nor its NaNs)
+        return out
+    return out + (bias if beta == 1 else bias * beta)
+
+
+def product(route: tuple, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b (a with at least MIN_ROWS rows) the way `route` says: in float32 (exact products of the widened values,
+    rounded once to the dtype) or not, in blocks of BLOCK_ROWS rows (the last one padded to MIN_ROWS) or whole."""
+    widen, blocks = route
+    dtype = a.dtype
+    if widen:
+        a, b = a.float(), b.float()
+    if blocks and a.shape[0] > BLOCK_ROWS:
+        out = torch.cat([original_mm(padded(part), b)[: part.shape[0]] for part in a.split(BLOCK_ROWS)])
+    else:
+        out = original_mm(a, b)
+    return out.to(dtype)
+
+
+def route_name(route: tuple) -> str:
+    widen, blocks = route
+    return ("float32" if widen else "native") + (f", in blocks of {BLOCK_ROWS} rows" if blocks else "")
+
+
+def _route(b: torch.Tensor) -> tuple:
+    key = (b.device.type, b.dtype, *b.shape, *b.stride(), torch.get_num_threads())
+    route = _ROUTES.get(key)
+    if route is None:
+        route = _ROUTES[key] = probe_route(b)
+    return route
+
+
+def probe_route(b: torch.Tensor, run=product) -> tuple:
+    """The first of ROUTES (the float32 ones for float16 and bfloat16 only) whose rows agree at every probed row
+    count; a ValueError naming the product where none does. `run(route, a, b)` computes one (tests pass a fake)."""
+    generator = torch.Generator(device=b.device).manual_seed(0)  # its own: the model's random state is left alone
+    a = torch.randn((max(PROBE_ROW_COUNTS), b.shape[0]), generator=generator, device=b.device).to(b.dtype)
+    for route in ROUTES:
+        if route[0] and b.dtype not in _REDUCED:
+            continue
+        if rows_agree(lambda rows, route=route: run(route, rows, b), a):
+            return route
+    dtype = str(b.dtype).removeprefix("torch.")
+    raise ValueError(
+        f"batch_invariant(): {dtype} matrix products with a {b.shape[0]} x {b.shape[1]} operand round a row "
+        f"differently with the number of rows on this {b.device.type} (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads), so their rows cannot be made batch-invariant here: leave the switch off."
+    )
+
+
+def rows_agree(run, a: torch.Tensor) -> bool:
+    """Whether every row of `run(a[:m])` (m in PROBE_ROW_COUNTS) and a few rows run alone (padded with zero rows)
+    have the bits of the same row run in a product of MIN_ROWS rows. Every row is compared: in float16 and bfloat16
+    a different summation order shows only where it moves a rounding, in about one value in a few thousand."""
+    reference = torch.cat([run(a[start : start + MIN_ROWS]) for start in range(0, a.shape[0], MIN_ROWS)])
+    if not all(torch.equal(run(padded(a[i : i + 1]))[0], reference[i]) for i in (0, 5, MIN_ROWS - 1)):
+        return False
+    return all(torch.equal(run(a[:rows]), reference[:rows]) for rows in PROBE_ROW_COUNTS)
