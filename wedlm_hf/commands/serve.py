@@ -119,6 +119,12 @@ def _add_model_and_decoding(parser) -> None:
         "answers, and the first requests wait for compilation",
     )
     parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="each answer independent of the requests decoded beside it: a row's logits depend only on its own "
+        "tokens, in every dtype (CPU and sdpa only; not with --compile, --quantization or --tensor-parallel-size)",
+    )
+    parser.add_argument(
         "--prefix-cache-tokens",
         type=non_negative_int,
         default=16384,

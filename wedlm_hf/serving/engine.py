@@ -9,6 +9,7 @@ after tokenising only a prefix of it: no token covers more than `longest token` 
 characters than that times the context is checked on its first (context + 2) tokens' worth of text.
 """
 
+import contextlib
 import functools
 import logging
 import os
@@ -19,6 +20,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Compil
 
 from ..data import default_model_path, load_dtype, quantization_config, quantization_name
 from ..modeling import WeDLMDecodingConfig
+from ..modeling.batch_invariant import batch_invariant as batch_invariance
+from ..modeling.batch_invariant import refusal
 from ..modeling.decoding_state import DecodingSettings
 from ..structured import compile_grammar
 from .incremental_text import IncrementalText
@@ -36,8 +39,9 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat
 
 
 class ServingEngine:
-    """The model, its tokenizer and the loop that decodes for it; `limits` (or keyword limits) bound requests, and
-    a `compile_config` (see `compile_config_for`) makes the loop decode compiled on fixed slots."""
+    """The model, its tokenizer and the loop that decodes for it; `limits` (or keyword limits) bound requests, a
+    `compile_config` (see `compile_config_for`) makes the loop decode compiled on fixed slots, and `batch_invariant`
+    makes every forward batch-invariant (`wedlm-hf serve --batch-invariant`: each answer its solo answer)."""
 
     def __init__(
         self,
@@ -49,9 +53,13 @@ class ServingEngine:
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
         tool_call_parser: str = "hermes",
         ranks=None,
+        batch_invariant: bool = False,
         **kwargs,
     ):
         self.limits = serving_limits(limits, **kwargs)
+        reason = refusal(model) if batch_invariant else None
+        if reason is not None:
+            raise ValueError(f"--batch-invariant: {reason}")
         self.ranks = ranks  # a `tensor_parallel.RankChannel` when the model is split over several ranks
         if tool_call_parser not in TOOL_FORMATS:
             raise ValueError(f"--tool-call-parser {tool_call_parser!r}: give one of {', '.join(TOOL_FORMATS)}.")
@@ -93,6 +101,7 @@ class ServingEngine:
             compile_config=compile_config,
             prefix_cache_tokens=prefix_cache_tokens,
             ranks=ranks,
+            batch_invariant=batch_invariant,
         )
 
     @classmethod
@@ -215,7 +224,9 @@ class ServingEngine:
             tokens = prompt[start + 1 : start + 1 + len(logits)]
             entries.extend(token_log_probabilities(logits, tokens, self.scheduler.mask_token_id, top))
 
-        mirrored_prompt_logits(self.model, self.ranks, prompt, rows_per_chunk, take)
+        invariance = batch_invariance() if self.scheduler.batch_invariant else contextlib.nullcontext()
+        with invariance:  # as the decoding loop's forwards are
+            mirrored_prompt_logits(self.model, self.ranks, prompt, rows_per_chunk, take)
         return entries
 
     def max_tokens(self, request: ParsedRequest, prompts: list[list[int]]) -> int:

@@ -15,8 +15,13 @@ Compiled decoding (`compile_config`, `wedlm-hf serve --compile`): the decoder ru
 `max_batch_size` fixed slots (a joining row takes a free one; admission never has more live rows than slots), and
 its decoding steps go through one `torch.compile`d model call, shared by every decoder the loop builds; prefill
 steps run eagerly. Each row's tokens are the ones the eager loop commits.
+
+Batch-invariant decoding (`batch_invariant`, `wedlm-hf serve --batch-invariant`): the loop thread runs inside
+`batch_invariant()`, so a row's logits, and with them its answer, do not depend on the rows that share its steps, on
+how its prompt was split into chunks, or on whether its prefix came from the prefix cache.
 """
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..modeling.batch_invariant import batch_invariant as batch_invariance
 from ..modeling.decoding_state import DecodingRow, DecodingSettings
 from ..modeling.ragged_cache import RaggedCache
 from ..modeling.slot_cache import SlotCache, static_decoding_refusal
@@ -151,7 +157,7 @@ def slot_length(model) -> int:
 
 class Scheduler:
     """The decoding loop; `compile_config` (a transformers `CompileConfig`, None: eager) turns on compiled
-    decoding on fixed slots (see the module docstring)."""
+    decoding on fixed slots, `batch_invariant` batch-invariant decoding (see the module docstring)."""
 
     def __init__(
         self,
@@ -161,12 +167,17 @@ class Scheduler:
         compile_config=None,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
         ranks=None,
+        batch_invariant: bool = False,
         **kwargs,
     ):
         if ranks is not None and compile_config is not None:
             raise ValueError(
                 "Compiled decoding is not available under tensor parallelism yet: serve without --compile."
             )
+        if batch_invariant and (compile_config is not None or ranks is not None):
+            given = "--compile" if compile_config is not None else "--tensor-parallel-size"
+            raise ValueError(f"--batch-invariant does not cover {given} yet: leave one of them out.")
+        self.batch_invariant = batch_invariant
         self.ranks = ranks  # `tensor_parallel.RankChannel`: every cache call also runs on the other ranks
         self.limits = serving_limits(limits, **kwargs)
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
@@ -242,6 +253,7 @@ class Scheduler:
                 "waiting_requests": len(self._waiting),
                 "waiting_rows": self._queued_rows,
                 "open_requests": len(self._jobs),
+                "batch_invariant": self.batch_invariant,
                 **self.counters,
                 "prefix_cache": self.prefix_cache.stats(),
             }
@@ -249,7 +261,8 @@ class Scheduler:
     # ---- the loop thread -----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        with torch.no_grad():
+        invariance = batch_invariance() if self.batch_invariant else contextlib.nullcontext()
+        with invariance, torch.no_grad():
             while True:
                 with self._lock:
                     while not (self._stop or self._waiting or self._live or self._closing_at is not None):

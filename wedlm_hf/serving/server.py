@@ -100,6 +100,9 @@ def serve_command(args) -> None:
     if args.prefix_cache_per_key and not api_key:
         raise SystemExit("--prefix-cache-per-key keeps API keys apart: give the keys with --api-key KEY [KEY ...].")
     split = args.tensor_parallel_size > 1
+    conflict = _batch_invariance_conflict(args)
+    if conflict is not None:
+        raise SystemExit(f"--batch-invariant does not cover {conflict} yet: leave one of them out.")
     if split and (args.compile or args.quantization):
         given = "--compile" if args.compile else "--quantization"
         raise SystemExit(
@@ -115,6 +118,10 @@ def serve_command(args) -> None:
         device = None if split else serving_device(args.device)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if args.batch_invariant and device.type != "cpu":
+        raise SystemExit(
+            f"--batch-invariant covers the CPU only (no invariant kernels for {device.type} here): add --device cpu."
+        )
     world = launched_world()
     if split and world is None:  # start the ranks, each running this same command
         raise SystemExit(launch(args.tensor_parallel_size, args.argv, args.shutdown_timeout, args.device))
@@ -143,6 +150,18 @@ def serve_command(args) -> None:
             ranks.close()
 
 
+def _batch_invariance_conflict(args) -> str | None:
+    """The option given beside --batch-invariant that it does not cover, if any."""
+    if not args.batch_invariant:
+        return None
+    given = {
+        "--compile": args.compile,
+        "--quantization": args.quantization,
+        "--tensor-parallel-size": args.tensor_parallel_size > 1,
+    }
+    return next((name for name, value in given.items() if value), None)
+
+
 def _serve(args, api_key, limits, device, ranks) -> None:
     try:
         engine = ServingEngine.load(
@@ -156,11 +175,13 @@ def _serve(args, api_key, limits, device, ranks) -> None:
             compile_config=compile_config_for(device) if args.compile else None,
             prefix_cache_tokens=args.prefix_cache_tokens,
             ranks=ranks,
+            batch_invariant=args.batch_invariant,
         )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
     compiled = "; compiled decoding (the first requests wait for compilation)" if engine.scheduler.compiled else ""
+    compiled += "; batch-invariant" if engine.scheduler.batch_invariant else ""
     split = f"; tensor parallel over {ranks.size} ranks" if ranks is not None else ""
     quantized = f" ({engine.quantization} weights)" if engine.quantization else ""
 
