@@ -237,7 +237,8 @@ def _speed_row(model, prompt, strategy: str, compiled: bool, compile_config, new
     prompt_len = prompt.shape[1]
     args = dict(do_sample=False, eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompt))
     if strategy == "wedlm":
-        args.update(strategy="wedlm", wedlm_entropy_threshold=1e9)  # every mask filled each step
+        # every mask filled each step, on the paper's rule (copies from the context would let rows diverge)
+        args.update(strategy="wedlm", wedlm_entropy_threshold=1e9, wedlm_context_drafts=False)
     if compiled:
         args["cache_implementation"] = "static"
         if compile_config is not None:

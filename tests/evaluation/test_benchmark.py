@@ -96,9 +96,10 @@ def test_blockwise_baseline_equals_streaming_when_every_mask_is_accepted():
     model = build_model()
     ids = torch.randint(0, 90, (1, 6), generator=torch.Generator().manual_seed(0))
     seq, forwards, rows = blockwise_generate(model, ids, 95, max_new_tokens=8, block_size=8, entropy_threshold=1e9)
-    streamed = model.generate(
-        ids, strategy="wedlm", max_new_tokens=8, wedlm_window_size=8, wedlm_entropy_threshold=1e9, eos_token_id=None
-    )
+    streamed = model.generate(  # the paper's rule, which the baseline decodes by blocks
+        ids, strategy="wedlm", max_new_tokens=8, wedlm_window_size=8, wedlm_entropy_threshold=1e9, eos_token_id=None,
+        wedlm_context_drafts=False,
+    )  # fmt: skip
     assert forwards == 1 and rows == 6 + 8 and torch.equal(seq, streamed)
 
 

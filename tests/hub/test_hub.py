@@ -467,5 +467,5 @@ def test_pipeline_passes_strategy_through(tmp_path, char_tokenizer):
     )[0]["generated_text"]
     ids = char_tokenizer(prompt, return_tensors="pt").input_ids
     direct = model.generate(ids, strategy="wedlm", max_new_tokens=10, wedlm_window_size=4, eos_token_id=None)
-    assert text == char_tokenizer.decode(direct[0, ids.shape[1] :])
+    assert text == char_tokenizer.decode(direct[0, ids.shape[1] :], skip_special_tokens=True)  # as pipelines do
     assert AutoTokenizer.from_pretrained(tmp_path).mask_token_id == MASK_ID

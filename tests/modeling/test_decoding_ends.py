@@ -24,19 +24,24 @@ def without_ending_commit(monkeypatch):
     monkeypatch.setattr(streaming_decoder, "commit_ending", lambda row: 0)
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [
-        dict(wedlm_window_size=6, wedlm_entropy_threshold=0.8, eos_token_id=EOS_ID, max_new_tokens=30),
-        dict(wedlm_window_size=16, wedlm_entropy_threshold=1e9, eos_token_id=None, max_new_tokens=24),
-        dict(wedlm_window_size=4, eos_token_id=EOS_ID, max_new_tokens=20, do_sample=True, temperature=0.9),
-    ],
-    ids=["stop-token", "budget", "sampled"],
-)
+ENDINGS = {
+    "stop-token": dict(wedlm_window_size=6, wedlm_entropy_threshold=0.8, eos_token_id=EOS_ID, max_new_tokens=30),
+    "budget": dict(wedlm_window_size=16, wedlm_entropy_threshold=1e9, eos_token_id=None, max_new_tokens=24),
+    "sampled": dict(wedlm_window_size=4, eos_token_id=EOS_ID, max_new_tokens=20, do_sample=True, temperature=0.9),
+}
+# With context drafts a forward draws AR's own token at every verified position, so the forward an ending commit
+# saves would move a shared generator's later draws: sampled rows are compared on the paper's rule only.
+CASES = [(name, context) for name in ENDINGS for context in (False, True) if not (context and name == "sampled")]
+
+
+@pytest.mark.parametrize("name, context", CASES, ids=[f"{n}-{'context' if c else 'paper'}" for n, c in CASES])
 @pytest.mark.parametrize("before_read", [False, True], ids=["draws-after-read", "draws-before-read"])
-def test_each_row_saves_its_last_forward(model64, monkeypatch, settings, before_read):
-    """With the draws before the step's read too: a row that ends in a step draws no fills there."""
+def test_each_row_saves_its_last_forward(model64, monkeypatch, name, context, before_read):
+    """With the draws before the step's read too: a row that ends in a step draws no fills there. With context
+    drafts, a row may also end on AR's own last token, which never needs a forward (section 6.b): there the ending
+    commit saves nothing, elsewhere one forward."""
     monkeypatch.setattr(streaming_decoder, "draws_before_read", lambda device: before_read)
+    settings = ENDINGS[name] | {"wedlm_context_drafts": context}
     ids, mask = prompts(4)
     torch.manual_seed(0)
     sequences, forwards = decode(model64, ids, mask, **settings)
@@ -44,7 +49,11 @@ def test_each_row_saves_its_last_forward(model64, monkeypatch, settings, before_
     torch.manual_seed(0)
     sequences_then, forwards_then = decode(model64, ids, mask, **settings)
     assert torch.equal(sequences, sequences_then)
-    assert forwards == [n - 1 for n in forwards_then]
+    if not context:
+        assert forwards == [n - 1 for n in forwards_then]
+    else:
+        assert all(n - 1 <= f <= n for f, n in zip(forwards, forwards_then))
+        assert forwards != forwards_then  # some row ended on its fills, a forward early
 
 
 def test_rows_that_keep_logits_still_run_that_forward(model64, monkeypatch):

@@ -37,7 +37,8 @@ def test_eos_stops_and_is_kept(model64, as_list):
     free = free_run(model64, ids)
     stop = free[6]
     first = free.index(stop)
-    eos = [EOS_ID, stop] if as_list else stop
+    unused = next(t for t in range(EOS_ID) if t not in free[: first + 1])  # a second stop id the text never reaches
+    eos = [unused, stop] if as_list else stop
     out = wedlm(model64, ids, eos_token_id=eos)
     assert out[0, ids.shape[1] :].tolist() == free[: first + 1]
 

@@ -1,4 +1,5 @@
-"""WeDLM decoding equals the slow no-cache reference token for token (greedy, float64), single and batched."""
+"""WeDLM decoding equals the slow no-cache reference token for token (greedy, float64), single and batched: the
+paper's rule (`wedlm_context_drafts=False`) and the default mode that drafts from the context (section 3.m)."""
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ SETTINGS = [
 ]
 
 
-def run(model, ids, mask, window, threshold, penalty, max_new, eos=EOS_ID):
+def run(model, ids, mask, window, threshold, penalty, max_new, eos=EOS_ID, context=False):
     return model.generate(
         ids,
         attention_mask=mask,
@@ -28,17 +29,21 @@ def run(model, ids, mask, window, threshold, penalty, max_new, eos=EOS_ID):
         eos_token_id=eos,
         pad_token_id=EOS_ID,
         return_dict_in_generate=True,
+        wedlm_context_drafts=context,
     )
 
 
+@pytest.mark.parametrize("context", [False, True], ids=["paper", "context-drafts"])
 @pytest.mark.parametrize("window,threshold,penalty", SETTINGS)
-def test_batched_rows_equal_reference(model64, window, threshold, penalty):
+def test_batched_rows_equal_reference(model64, window, threshold, penalty, context):
     ids, mask = prompts(4)
-    out = run(model64, ids, mask, window, threshold, penalty, max_new=20)
+    out = run(model64, ids, mask, window, threshold, penalty, max_new=20, context=context)
     width = ids.shape[1]
     for b in range(4):
         prompt = ids[b][mask[b].bool()].tolist()
-        expected, forwards = reference_decode(model64, prompt, MASK_ID, window, threshold, penalty, 20, (EOS_ID,))
+        expected, forwards = reference_decode(
+            model64, prompt, MASK_ID, window, threshold, penalty, 20, (EOS_ID,), context_drafts=context
+        )
         row = out.sequences[b, width:].tolist()
         assert row[: len(expected)] == expected
         assert row[len(expected) :] == [EOS_ID] * (len(row) - len(expected))
@@ -98,3 +103,50 @@ def test_each_row_equals_running_it_alone(model64):
             == alone.sequences[0, single_ids.shape[1] :].tolist()
         )
         assert batched.wedlm_stats[b] == alone.wedlm_stats[0]
+
+
+def test_context_drafts_are_checked_and_kept_in_the_comparisons(model64):
+    """The random model's copies are both kept and rejected under the settings above, so the comparison with the
+    reference covers the copy rule, not only AR's token and the fills."""
+    ids, mask = prompts(4)
+    accepted = rejected = 0
+    for window, threshold, penalty in SETTINGS:
+        for stats in run(model64, ids, mask, window, threshold, penalty, max_new=20, context=True).wedlm_stats:
+            accepted += stats.accepted_context_drafts
+            rejected += stats.rejected_context_drafts
+    assert accepted > 5 and rejected > 5
+
+
+@pytest.fixture(scope="module")
+def shipped64():
+    from transformers import AutoTokenizer
+
+    from wedlm_hf import WeDLMForCausalLM, default_model_path
+
+    path = default_model_path()
+    model = WeDLMForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def test_the_shipped_model_on_each_family_and_code_equals_reference(shipped64):
+    """Real text: the task families (whose answers the model's fills write) and code, where copies from the
+    context hold."""
+    from wedlm_hf.data import EVAL_TASK_SEED, FAMILIES, task_items
+    from wedlm_hf.evaluation.evaluate import code_snippets
+
+    model, tokenizer = shipped64
+    prompts_ = [tokenizer(task_items(family, 1, EVAL_TASK_SEED)[0][0]).input_ids for family in FAMILIES]
+    prompts_ += code_snippets(tokenizer, 3, 96, seed=0)
+    eos, copied = tokenizer.eos_token_id, 0
+    for prompt in prompts_:
+        out = model.generate(
+            torch.tensor([prompt]), strategy="wedlm", max_new_tokens=48, eos_token_id=eos, pad_token_id=eos,
+            return_dict_in_generate=True,
+        )  # fmt: skip
+        expected, forwards = reference_decode(
+            model, prompt, model.config.mask_token_id, 16, 0.4, 0.02, 48, (eos,), True
+        )
+        assert out.sequences[0, len(prompt) :].tolist()[: len(expected)] == expected, tokenizer.decode(prompt)
+        assert out.wedlm_stats[0].forwards == forwards
+        copied += out.wedlm_stats[0].accepted_context_drafts
+    assert copied > 10

@@ -1,4 +1,5 @@
-"""The worked trace of docs/algorithm.md section 3.g, replayed with scripted confidences; what each forward is fed."""
+"""The worked trace of docs/algorithm.md section 3.g (the paper's rule), replayed with scripted confidences; what each
+forward is fed."""
 
 import torch
 from conftest import MASK_ID, tiny_config
@@ -43,6 +44,7 @@ def test_worked_trace_w4():
         prompt,
         max_new_tokens=5,
         strategy="wedlm",
+        wedlm_context_drafts=False,  # the paper's rule, as section 3.g traces it
         wedlm_window_size=4,
         wedlm_entropy_threshold=0.5,
         wedlm_pos_penalty_factor=0.0,
@@ -71,6 +73,7 @@ def test_step3_without_budget_limit_feeds_four_new_masks():
         torch.arange(20, 30)[None],
         max_new_tokens=40,
         strategy="wedlm",
+        wedlm_context_drafts=False,  # the paper's rule, as section 3.g traces it
         wedlm_window_size=4,
         wedlm_entropy_threshold=0.5,
         wedlm_pos_penalty_factor=0.0,
@@ -88,6 +91,7 @@ def test_fallback_fills_single_leftmost_mask_on_ties():
         torch.arange(20, 26)[None],
         max_new_tokens=3,
         strategy="wedlm",
+        wedlm_context_drafts=False,  # the paper's rule, as section 3.g traces it
         wedlm_window_size=3,
         wedlm_entropy_threshold=0.4,
         wedlm_pos_penalty_factor=0.0,
@@ -109,6 +113,7 @@ def test_distance_penalty_prefers_near_masks():
         torch.arange(20, 26)[None],
         max_new_tokens=4,
         strategy="wedlm",
+        wedlm_context_drafts=False,  # the paper's rule, as section 3.g traces it
         wedlm_window_size=4,
         wedlm_entropy_threshold=0.05,
         wedlm_pos_penalty_factor=0.1,
@@ -138,6 +143,7 @@ def test_prompt_is_encoded_once_and_each_forward_feeds_only_the_window():
         prompt,
         max_new_tokens=40,
         strategy="wedlm",
+        wedlm_context_drafts=False,  # the paper's rule, as section 3.g traces it
         wedlm_window_size=6,
         wedlm_entropy_threshold=1.0,
         return_dict_in_generate=True,

@@ -3,7 +3,7 @@
 from conftest import EOS_ID
 
 from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
-from wedlm_hf.modeling.draft_sources import CONTEXT_DRAFTS, MODEL_DRAFTS, draft_sources, report_verdicts
+from wedlm_hf.modeling.draft_sources import CONTEXT_DRAFTS, MODEL_DRAFTS, MODEL_FILLS, draft_sources, report_verdicts
 from wedlm_hf.modeling.draft_windows import PATIENCE
 
 
@@ -13,10 +13,31 @@ def row_with(window: list, text: list | None = None, **settings) -> DecodingRow:
     return DecodingRow(index=0, prompt=prompt, settings=settings, window=list(window), prompt_fed=len(prompt))
 
 
-def test_lossless_rows_draft_from_the_model_then_the_context_and_default_rows_from_none():
-    assert draft_sources(row_with([])) == ()
+def test_lossless_rows_draft_from_the_model_then_the_context_and_default_rows_fill_then_copy():
+    """Default rows: their trusted fills then the context's copies (section 3.m); the paper's rule (no context
+    drafts) and a grammar row have none."""
+    assert draft_sources(row_with([])) == (MODEL_FILLS, CONTEXT_DRAFTS)
+    assert draft_sources(row_with([], context_drafts=False)) == ()
+    grammar_row = row_with([])
+    grammar_row.grammar = object()
+    assert draft_sources(grammar_row) == ()
     assert draft_sources(row_with([], lossless=True)) == (MODEL_DRAFTS, CONTEXT_DRAFTS)
     assert draft_sources(row_with([], lossless=True, context_drafts=False)) == (MODEL_DRAFTS,)
+
+
+def test_default_fills_ask_for_w_masks_and_copies_need_a_long_match_beside_confident_fills():
+    row = row_with([Fill(4, final=True), Fill(10), None], window_size=8)
+    assert MODEL_FILLS.place(row, masks=8) == 8 and len(row.window) == 3  # nothing cut: its fills commit anyway
+    assert MODEL_FILLS.place(row_with([], window_size=1), masks=1) == 0  # one mask would be AR's next token's slot
+    text = [1, 2, 3, 4, 9, 8, 7, 3]  # "3 4" occurred before, followed by "9 8 7 3"
+    short = row_with([Fill(4, final=True)], text=text)
+    assert CONTEXT_DRAFTS.place(short, masks=16) == 0  # no fill of the model's: any match is copied
+    assert [slot.token for slot in short.window] == [4, 9, 8, 7, 3]
+    # "3 4" again, with the 4 a fill of the model's: it is sure there, and a match that short is not worth its masks
+    confident = row_with([Fill(3, final=True), Fill(4)], text=text[:7])
+    assert CONTEXT_DRAFTS.place(confident, masks=16) == 16 and len(confident.window) == 2
+    unsure = row_with([Fill(3, final=True), Fill(4, source="context")], text=text[:7])  # the same run, no fill
+    assert CONTEXT_DRAFTS.place(unsure, masks=16) == 0 and [s.token for s in unsure.window][2:] == [9, 8, 7]
 
 
 def test_the_model_source_cuts_the_window_to_its_size_and_returns_the_masks_it_wants():

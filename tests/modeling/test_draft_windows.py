@@ -47,8 +47,10 @@ def test_the_last_draft_is_unfed_only_where_a_whole_run_ends_the_row():
     assert lossless_row([Fill(9, final=True)]).unfed_end() == 0  # the final token is always fed
     assert lossless_row([Fill(9), Fill(EOS_ID)], prefilled=False).unfed_end() == 0
     default = lossless_row([Fill(9), Fill(10), Fill(EOS_ID)])
-    default.settings.lossless = False  # default mode commits without verifying: no row checks the last one
-    assert default.unfed_end() == 0
+    default.settings.lossless = default.settings.context_drafts = False  # the paper's rule verifies nothing:
+    assert default.unfed_end() == 0  # no row checks the last one
+    default.settings.context_drafts = True  # its last slot is committed or judged by the row before, as lossless
+    assert default.unfed_end() == 1
 
 
 def test_a_drafted_stop_token_does_not_keep_drafts_past_the_adapted_window():

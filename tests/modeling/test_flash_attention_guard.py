@@ -64,6 +64,11 @@ def emulated_flash(monkeypatch):
     )
 
 
+def reference(prompt: list[int]) -> tuple[list[int], int]:
+    """The reference decoder's tokens for `decode`'s settings (the default rule: context drafts on)."""
+    return reference_decode(build_model(seed=5), prompt, MASK_ID, 6, 0.8, 0.02, 16, (EOS_ID,), context_drafts=True)
+
+
 def flash_model():
     model = build_model(seed=5)
     model.config._attn_implementation = "flash_attention_2"  # kernels are emulated; skip the install check
@@ -86,7 +91,7 @@ def decode(model, ids, mask=None):
 def test_flash_batch_one_equals_reference(emulated_flash):
     model = flash_model()
     ids, _ = prompts(1)
-    expected, _ = reference_decode(build_model(seed=5), ids[0].tolist(), MASK_ID, 6, 0.8, 0.02, 16, (EOS_ID,))
+    expected, _ = reference(ids[0].tolist())
     assert decode(model, ids)[0, ids.shape[1] :].tolist()[: len(expected)] == expected
 
 
@@ -105,5 +110,5 @@ def test_without_the_guard_flash_reads_a_packed_sequence(emulated_flash, monkeyp
 
     monkeypatch.setattr(ragged_cache.RaggedCache, "__init__", no_guard)
     ids, _ = prompts(1)
-    expected, _ = reference_decode(build_model(seed=5), ids[0].tolist(), MASK_ID, 6, 0.8, 0.02, 16, (EOS_ID,))
+    expected, _ = reference(ids[0].tolist())
     assert decode(flash_model(), ids)[0, ids.shape[1] :].tolist()[: len(expected)] != expected

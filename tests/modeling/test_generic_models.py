@@ -42,7 +42,7 @@ def test_stock_models_decode_like_the_reference(config):
     )
     for b in range(2):
         prompt = ids[b][mask[b].bool()].tolist()
-        expected, forwards = reference_decode(model, prompt, MASK_ID, 6, 0.8, 0.02, 16, (EOS_ID,))
+        expected, forwards = reference_decode(model, prompt, MASK_ID, 6, 0.8, 0.02, 16, (EOS_ID,), context_drafts=True)
         assert out.sequences[b, ids.shape[1] :].tolist()[: len(expected)] == expected
         assert out.wedlm_stats[b].forwards == forwards
     with pytest.raises(ValueError, match="mask token id"):

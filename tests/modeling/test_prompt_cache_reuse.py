@@ -117,19 +117,25 @@ def test_two_continuations_of_one_prefix(model64, fed, name):
     assert all(torch.equal(layer.keys, k) for layer, k in zip(prompt_cache.layers, kept))  # the copies took the writes
 
 
-@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
-def test_continuing_from_the_returned_cache(model64, fed, lossless):
-    """The cache a generation returns serves the next turn's prompt (its output plus new tokens). In lossless mode
-    it has no K/V for the last token (zeros, as AR generate never computes it): that token is fed again."""
+@pytest.mark.parametrize(
+    "options",
+    [{"wedlm_context_drafts": False}, {}, {"wedlm_lossless": True}],
+    ids=["paper", "context-drafts", "lossless"],
+)
+def test_continuing_from_the_returned_cache(model64, fed, options):
+    """The cache a generation returns serves the next turn's prompt (its output plus new tokens). Where the last
+    token was AR's own (lossless mode, and the default mode with context drafts) it has no K/V (zeros, as AR
+    generate never computes it): that token is fed again."""
     ids, _ = prompts(1, lengths=(9,))
-    settings = COMMON | {"wedlm_lossless": lossless, "eos_token_id": None}
+    settings = COMMON | options | {"eos_token_id": None}
     first = model64.generate(ids, **settings)
     ids = torch.cat([first.sequences, torch.tensor([[12, 33, 7]])], dim=1)
     want = model64.generate(ids, **settings)
     fed.clear()
     got = model64.generate(ids, **settings, **{CACHE_KWARG: first.cache})
     assert_same_output(got, want)
-    reused = first.sequences.shape[1] - (1 if lossless else 0)
+    ar_last = "wedlm_context_drafts" not in options
+    reused = first.sequences.shape[1] - (1 if ar_last else 0)
     assert prompt_positions(fed, [ids.shape[1]]) == [list(range(reused, ids.shape[1]))]
 
 

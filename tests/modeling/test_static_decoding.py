@@ -106,7 +106,7 @@ def test_stops_criteria_stop_strings_and_streamer_as_eager(model64, char_tokeniz
     for static in (False, True):
         recorder = Recorder()
         extra = {"cache_implementation": "static"} if static else {}
-        model64.generate(ids[2:], max_new_tokens=25, streamer=recorder, **WEDLM_COMMON | extra)
+        model64.generate(ids[2:], max_new_tokens=25, streamer=recorder, **WEDLM_COMMON | extra | {"eos_token_id": None})
         streamed.append(recorder.calls)
     assert streamed[0] == streamed[1] and len(streamed[0]) > 3
 

@@ -26,7 +26,8 @@ class Widths:
 
 
 def row(prompt, window, fed=None, **settings) -> DecodingRow:
-    settings = DecodingSettings(max_new_tokens=20, **settings)
+    """A row decoding by the paper's default rule unless the settings say otherwise."""
+    settings = DecodingSettings(max_new_tokens=20, **{"context_drafts": False, **settings})
     out = DecodingRow(index=0, prompt=list(prompt), settings=settings, window=list(window))
     out.prompt_fed = len(prompt) if fed is None else fed
     return out
@@ -47,6 +48,13 @@ def test_filled_slots_come_first_then_padding_then_masks_at_their_positions():
     joining.settings.keep_logits = True
     columns, ar_columns, _ = logit_columns([decoding, joining], feed)
     assert columns == [4, 5, 6] and ar_columns == {1: [4]}
+    # A row that verifies (context drafts in default mode, section 3.m) adds its run's rows, predicting the slots
+    # after them, and its masks' slots exclude the one AR's next token takes.
+    verifying = row([1, 2, 3], [Fill(7), None, Fill(8), None], context_drafts=True)
+    assert logit_columns([verifying, joining], feed)[1] == {0: [0], 1: [4]}
+    verifying.commit(1)
+    verifying.window[0] = Fill(9, final=True)
+    assert open_masks(verifying, feed.masks[0], feed.n_masks) == [(1, 2)]
     # After a commit of the leading run, the masks fed are still open at their new slots.
     decoding.commit(1)
     assert open_masks(decoding, feed.masks[0], feed.n_masks) == [(0, 0), (1, 2)]

@@ -41,24 +41,26 @@ def test_a_step_reads_the_device_once(model64, static, lossless):
     assert steps > 4 and max(reads[1:]) == 1 and reads[0] <= 3, reads
 
 
-@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
-def test_a_sampled_step_reads_the_device_once(model64, lossless):
+@pytest.mark.parametrize("mode", ["paper", "context-drafts", "lossless"])
+def test_a_sampled_step_reads_the_device_once(model64, mode):
     """Rows that sample, each with its own generator, draw their fills and have their drafts judged on the device
     before the step's read (as on an accelerator): the step still reads it once. A repetition penalty (which reads
-    each slot's context) is drawn early in default mode; a lossless row under one fills after its commit (it sees
-    the final token), so it is left out here."""
+    each slot's context) is drawn early by the paper's default rule; a row that verifies (lossless, or drafting from
+    the context) under one fills after its commit (it sees the final token), so it is left out there."""
+    lossless, context = mode == "lossless", mode != "paper"
     decoder = StreamingDecoder(model64, MASK_ID)
     assert not decoder.draws_before_read  # on a CPU, where a read is no synchronisation, draws follow it
     decoder.draws_before_read = True  # as on an accelerator
     g = torch.Generator().manual_seed(0)
     for n, seed in zip((5, 9, 7), (1, 2, 3)):
         processors = [TemperatureLogitsWarper(0.9), TopKLogitsWarper(20)]
-        if not lossless:
+        if not context:
             processors.append(RepetitionPenaltyLogitsProcessor(1.3))
         sampler = FillSampler(True, LogitsProcessorList(processors), generator=torch.Generator().manual_seed(seed))
         settings = DecodingSettings(
-            max_new_tokens=30, window_size=6, entropy_threshold=1.0, stop_ids=frozenset({EOS_ID}), lossless=lossless
-        )
+            max_new_tokens=30, window_size=6, entropy_threshold=1.0, stop_ids=frozenset({EOS_ID}), lossless=lossless,
+            context_drafts=context,
+        )  # fmt: skip
         settings.sampler = sampler
         decoder.add(torch.randint(0, EOS_ID, (n,), generator=g).tolist(), settings)
     reads, rows = [], list(decoder._joining)

@@ -95,6 +95,7 @@ def run_benchmark(
         wedlm_window_size=window_size,
         wedlm_entropy_threshold=threshold,
         wedlm_pos_penalty_factor=penalty,
+        wedlm_context_drafts=False,  # the paper's rule, whose mechanics (and block-wise twin) this times
         eos_token_id=None,
         return_dict_in_generate=True,
     )

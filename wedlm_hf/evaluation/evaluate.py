@@ -45,7 +45,8 @@ def held_out_items(family: str, count: int, train_items_per_family: int) -> list
 def fewest_forwards(tokens: int, window_size: int) -> int:
     """The fewest decoding forwards that can commit `tokens` (docs/algorithm.md section 3.h): a forward fills at most
     W masks, so even a model certain of everything needs ceil(n / W) (the last fills, which end the text, commit
-    in the step that fills them)."""
+    in the step that fills them). Drafting from the context (section 3.m) AR's token takes the first of the W
+    slots and the fills the others: the same ceiling, where no copy from the context was checked."""
     return -(-tokens // window_size)
 
 

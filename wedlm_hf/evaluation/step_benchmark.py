@@ -102,6 +102,7 @@ def _decoders(model, prompts: torch.Tensor, window: int, compiled) -> dict:
     static+compiled."""
     common = dict(do_sample=False, eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts))
     wedlm = dict(strategy="wedlm", wedlm_window_size=window, wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
+    wedlm["wedlm_context_drafts"] = False  # forced acceptance on the paper's rule: every row fills W masks a step
 
     def ar(tokens: int, **kwargs) -> tuple[int, float]:
         with ForwardClock(model) as clock:
@@ -184,6 +185,7 @@ def _sampled_host_reads(model, prompts: torch.Tensor, window: int, lengths: tupl
     before the step's read as on an accelerator (`step_draws.draws_before_read`; a CPU draws after it)."""
     common = dict(eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts), strategy="wedlm")
     common |= dict(wedlm_window_size=window, wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
+    common["wedlm_context_drafts"] = False  # the paper's rule (forced acceptance: no copy to check)
     out = {}
     for name, sampling in SAMPLED.items():
         counts, forwards = [], []

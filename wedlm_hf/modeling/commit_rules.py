@@ -1,10 +1,12 @@
-"""The two commit rules, default and lossless, that move a step's leading run into the committed text.
+"""The commit rules that move a step's leading run into the committed text.
 
-Default mode commits the whole leading run of filled slots: their K/V were computed against the clean prefix only
-(docs/algorithm.md section 3.c). Lossless mode commits a draft only where the model's own AR choice at its real
-prefix agrees (`draft_verification`), and the AR token after the last accepted one becomes the next final token
-(section 6). Under a grammar, default mode commits the run's valid prefix (`grammar_hook.commit_valid`). After the
-fill, a row whose window already runs to its end commits it without another forward (`commit_ending`).
+The paper's default rule commits the whole leading run of filled slots: their K/V were computed against the clean
+prefix only (docs/algorithm.md section 3.c). Lossless mode commits a draft only where the model's own AR choice at
+its real prefix agrees (`draft_verification`), and the AR token after the last accepted one becomes the next final
+token (section 6). The default mode with context drafts (section 3.m) walks its run the same way, but commits the
+model's own fills unjudged, as the paper's rule does: only copies from the context are checked. Under a grammar,
+default mode commits the run's valid prefix (`grammar_hook.commit_valid`). After the fill, a row whose window
+already runs to its end commits it without another forward (`commit_ending`).
 """
 
 from .decoding_state import DecodingRow, Fill
@@ -17,7 +19,7 @@ from .grammar_hook import commit_valid
 def commit(row: DecodingRow, run: int, ar: ArPredictions | None) -> tuple[int, bool]:
     """Commits what the row's rule keeps of its leading `run` (`ar`: a lossless row's AR predictions); returns how
     many tokens committed and whether a grammar row's guess failed (the step's mask fills saw it and are dropped)."""
-    if row.settings.lossless:
+    if row.verifies:
         return verify_and_commit(row, run, ar), False
     if row.grammar is not None:
         return commit_valid(row, run)
@@ -25,10 +27,11 @@ def commit(row: DecodingRow, run: int, ar: ArPredictions | None) -> tuple[int, b
 
 
 def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
-    """Lossless commit. `ar` holds the AR predictions for window slots 1..run (for a new row: 0..run). Slot 0
-    is the final token placed last step; each later draft commits only if AR agrees, and the AR token after the
-    last accepted one becomes the next final token (at a rejection, in the draft's place, with every later fill
-    discarded)."""
+    """A verifying row's commit (lossless, or default with context drafts). `ar` holds the AR predictions for
+    window slots 1..run (for a new row: 0..run). Slot 0 is the final token placed last step; each later draft
+    commits only if AR agrees (a default row's own fills commit unjudged, `DecodingRow.trusts`), and the AR token
+    after the last accepted one becomes the next final token (at a rejection, in the draft's place, with every
+    later fill discarded)."""
     settings = row.settings
     first = 0 if not row.prefilled else 1
     if row.prefilled and (run == 0 or not row.window[0].final):
@@ -41,8 +44,14 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
     if not ends:
         for i in range(first, run):
             slot = row.window[i]
-            replacement = ar.judge(i - first, slot)
+            replacement = None if row.trusts(slot) else ar.judge(i - first, slot)
             context = slot.source == "context"
+            if row.trusts(slot):  # the entropy rule's fill (default mode): it commits as the paper's rule does
+                accepted += 1
+                if slot.token in settings.stop_ids or accepted >= room:
+                    ends = True
+                    break
+                continue
             checked[slot.source] += 1
             if replacement is not None:
                 row.stats.rejected_drafts += 1
@@ -91,6 +100,8 @@ def commit_ending(row: DecodingRow) -> int:
         if not run or not row.window[0].final:
             return 0
         run = next((i for i in range(1, run) if row.window[i].source != "forced"), run)
+    elif row.verifies:  # the final token and the fills the entropy rule chose, up to the first draft judged by AR
+        run = next((i for i in range(run) if not (row.window[i].final or row.trusts(row.window[i]))), run)
     tokens = [slot.token for slot in row.window[:run]]
     room = settings.max_new_tokens - len(row.generated)
     if run < room and settings.stop_ids.isdisjoint(tokens):  # the run does not reach the row's end

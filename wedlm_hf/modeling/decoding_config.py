@@ -28,7 +28,7 @@ class WeDLMDecodingConfig:
     entropy_threshold: float | None = 0.4  # tau, in nats: fill masks below it (None: one token per forward)
     pos_penalty_factor: float = 0.02  # lambda: entropy penalty per slot of distance from the committed text
     lossless: bool = False  # verify every draft against AR: plain generate()'s output, several tokens per forward
-    context_drafts: bool = True  # lossless mode: also draft tokens copied from the context (prompt lookup's rule)
+    context_drafts: bool = True  # draft tokens copied from the context, kept where AR agrees (section 3.m, 6.f)
     context_ngram: int = 3  # the longest suffix matched there, tried down to one token
 
     def __post_init__(self):

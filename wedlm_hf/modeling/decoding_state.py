@@ -154,6 +154,18 @@ class DecodingRow:
         return len(self.prompt) + len(self.generated)
 
     @property
+    def verifies(self) -> bool:
+        """Whether the row keeps AR's own token in its first slot and verifies drafts (docs/algorithm.md sections
+        3.m and 6): lossless mode, and the default mode that drafts from the context (without a grammar, whose
+        rows keep the paper's rule with the grammar's checks)."""
+        return self.settings.lossless or (self.settings.context_drafts and self.grammar is None)
+
+    def trusts(self, slot: Fill) -> bool:
+        """Whether `slot` commits without a check: a verifying default-mode row's own fills, which the entropy rule
+        chose (the paper's rule); drafts from elsewhere, and every draft in lossless mode, are judged by AR."""
+        return not self.settings.lossless and slot.source in OWN_SOURCES
+
+    @property
     def tracks_logits(self) -> bool:
         """Whether the row follows the AR logits of the slot after its committed text (`next_logits`)."""
         return self.settings.keep_logits or self.grammar is not None
@@ -196,7 +208,7 @@ class DecodingRow:
         row there (a stop token, or the budget's last token). Its row's logits would predict past the end and its
         K/V would never be read, while the row before it verifies it all the same; else 0."""
         run = len(self.window)
-        if not self.settings.lossless or not self.prefilled or run < 2 or self.leading_run() != run:
+        if not self.verifies or not self.prefilled or run < 2 or self.leading_run() != run:
             return 0
         room = self.settings.max_new_tokens - len(self.generated)
         return int(self.window[-1].token in self.settings.stop_ids or run == room)
@@ -211,7 +223,7 @@ class DecodingRow:
         room = self.settings.max_new_tokens - len(self.generated)
         tokens = []
         for slot in self.window[: min(self.leading_run(), room)]:
-            if self.settings.lossless and not slot.final:
+            if self.verifies and not (slot.final or self.trusts(slot)):  # a draft commits only where AR agrees
                 break
             tokens.append(slot.token)
             if slot.token in self.settings.stop_ids:

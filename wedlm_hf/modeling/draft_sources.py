@@ -66,6 +66,21 @@ class ModelDrafts(DraftSource):
         row.model_window.update(row.settings.window_size, checked, rejected, paused=paused)
 
 
+class ModelFills(DraftSource):
+    """A verifying default-mode row's own fills (docs/algorithm.md section 3.m): the masks the step fills by the
+    entropy rule, which commit without a check as the paper's rule commits them. W of them after the leading run,
+    none below two: the first slot after the run is taken by AR's next token whenever the run commits whole."""
+
+    kinds = OWN_SOURCES
+
+    def place(self, row: DecodingRow, masks: int) -> int:
+        size = min(masks, row.settings.window_size)
+        return size if size >= 2 else 0
+
+    def update(self, row: DecodingRow, checked: int, rejected: bool, paused: bool) -> None:
+        pass  # never judged
+
+
 class ContextDrafts(DraftSource):
     """Drafts copied from the context (`context_drafts`), tried while copies pay off (`draft_windows.ContextWindow`).
     A step that copies adds no masks after the copy: their rows would cost as much as the drafts, for guesses drawn
@@ -82,6 +97,9 @@ class ContextDrafts(DraftSource):
         place of their unverified drafts, which would stand before it and could take it down with them."""
         if not row.prefilled:
             return masks
+        if not row.settings.lossless:  # default mode: where the entropy rule fills, the model is sure; copy only
+            shortest = LONG_MATCH if row.own_drafts() else 1  # a long match there (its fills commit anyway)
+            return 0 if copy_from_context(row, shortest) else masks
         held = row.model_window.held
         shortest = LONG_MATCH if held else 1
         if held is None and row.own_drafts():
@@ -95,16 +113,18 @@ class ContextDrafts(DraftSource):
         return row.context_window.trying
 
 
-MODEL_DRAFTS, CONTEXT_DRAFTS = ModelDrafts(), ContextDrafts()
+MODEL_DRAFTS, MODEL_FILLS, CONTEXT_DRAFTS = ModelDrafts(), ModelFills(), ContextDrafts()
 
 
 def draft_sources(row: DecodingRow) -> tuple[DraftSource, ...]:
-    """The row's sources in the order they place their drafts: none in default mode (its masks are not drafts
-    checked by anything), the model's in lossless mode, then the context's where `context_drafts` is on."""
+    """The row's sources in the order they place their drafts: none for the paper's default rule (its masks are not
+    drafts checked by anything), the model's drafts in lossless mode or its trusted fills in the default mode that
+    drafts from the context, then the context's where `context_drafts` is on."""
     settings = row.settings
-    if not settings.lossless:
+    if not row.verifies:
         return ()
-    return (MODEL_DRAFTS, CONTEXT_DRAFTS) if settings.context_drafts else (MODEL_DRAFTS,)
+    own = MODEL_DRAFTS if settings.lossless else MODEL_FILLS
+    return (own, CONTEXT_DRAFTS) if settings.context_drafts else (own,)
 
 
 def report_verdicts(row: DecodingRow, checked: dict[str, int], rejected_kind: str | None) -> None:

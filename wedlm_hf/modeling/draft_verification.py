@@ -72,7 +72,7 @@ class ArPredictions:
 def greedy_predictions(rows: list, ar_rows: dict[int, list[int]], top: list | None) -> dict:
     """`ArPredictions` for the lossless rows whose AR choice is the plain argmax, from `top` (the step's readout:
     per row, the argmax of every logits column)."""
-    argmax = [b for b in ar_rows if rows[b].settings.lossless and not rows[b].settings.sampler.own_choice]
+    argmax = [b for b in ar_rows if rows[b].verifies and not rows[b].settings.sampler.own_choice]
     return {b: ArPredictions(rows[b].settings.sampler, [int(top[b][c]) for c in ar_rows[b]]) for b in argmax}
 
 
@@ -83,7 +83,7 @@ def sampler_blocks(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int
     so verification stays exact."""
     groups: dict[int, list[int]] = {}
     for b in ar_rows:
-        if rows[b].settings.lossless and rows[b].settings.sampler.own_choice:
+        if rows[b].verifies and rows[b].settings.sampler.own_choice:
             groups.setdefault(id(rows[b].settings.sampler), []).append(b)
     for members in groups.values():
         sampler = rows[members[0]].settings.sampler

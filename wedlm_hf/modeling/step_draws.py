@@ -46,7 +46,7 @@ def draws_early(row: DecodingRow) -> bool:
     settings = row.settings
     if not own_draw(row) or row.done or row.grammar is not None:
         return False
-    if settings.lossless:
+    if row.verifies:  # (its fills see the final token the commit places)
         return not settings.sampler.reads_context
     run = row.window[: row.leading_run()]
     room = settings.max_new_tokens - len(row.generated)
@@ -99,6 +99,8 @@ def _judged(row: DecodingRow, j: int, run: int):
     if slot >= run:
         return None
     draft = row.window[slot]
+    if row.trusts(draft):  # commits unjudged: no verdict, no draws spent on it
+        return None
     if draft.source in ("context", "forced") or draft.guess or (draft.verifiable and draft.q is not None):
         return draft
     return None

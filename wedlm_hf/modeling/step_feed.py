@@ -102,7 +102,7 @@ def logit_columns(rows: list[DecodingRow], feed: StepFeed) -> tuple[list[int], d
     ar_columns, sparse = {}, {}
     for b, row in enumerate(rows):
         settings = row.settings
-        if not feed.decodes[b] or not (settings.lossless or row.tracks_logits):
+        if not feed.decodes[b] or not (row.verifies or row.tracks_logits):
             continue
         start, run = feed.starts[b], feed.runs[b]
         slots = range(min(run, feed.filled[b]))  # each fed run row predicts the slot after it
@@ -117,7 +117,7 @@ def open_masks(row: DecodingRow, masks: list[int], n_masks: int) -> list[tuple[i
     """(mask column, window slot) of the masks fed this step that are still masks (lossless mode may have placed its
     final token on one; a commit moves the slots). Masks are right-aligned in the step's mask columns."""
     first, base, window = n_masks - len(masks), row.committed, row.window
-    if not row.settings.lossless and row.grammar is None:  # a default-mode commit moves only filled slots
+    if not row.verifies and row.grammar is None:  # the paper's default commit moves only filled slots
         return [(first + j, position - base) for j, position in enumerate(masks)]
     out = []
     for j, position in enumerate(masks):

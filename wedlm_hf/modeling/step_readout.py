@@ -33,8 +33,9 @@ class StepReadout:
 
 
 def greedy_verifier(row: DecodingRow) -> bool:
-    """A lossless row whose AR choice is the plain argmax (no sampling, no processors)."""
-    return row.settings.lossless and not row.settings.sampler.own_choice
+    """A verifying row (lossless, or default with context drafts) whose AR choice is the plain argmax (no sampling,
+    no processors)."""
+    return row.verifies and not row.settings.sampler.own_choice
 
 
 def read_step(

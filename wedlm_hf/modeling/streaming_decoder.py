@@ -29,7 +29,7 @@ from .batch_fill import fill_masks
 from .commit_rules import commit, commit_ending
 from .decoding_cache import DecodingCache
 from .decoding_state import DecodingRow, DecodingSettings, Fill
-from .draft_verification import greedy_predictions, host_predictions
+from .draft_verification import device_index, greedy_predictions, host_predictions
 from .grammar_hook import MAX_FORCED, constrain_window, restrict_to_grammar
 from .ragged_cache import RaggedCache
 from .step_draws import draws_before_read
@@ -147,6 +147,7 @@ class StreamingDecoder:
         ar_rows = {b: [column[c] for c in cs] for b, cs in ar_columns.items()}
         for b, cs in ar_rows.items():
             _follow_ar_logits(rows[b], logits[b], cs, feed.starts[b], feed.runs[b], sparse.get(b))
+        _without_the_mask(rows, logits, ar_rows, self.mask_token_id)
         early = (feed.runs, feed.masks) if self.draws_before_read else (None, None)
         readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows, *early)
         kept, stale = self._commit(rows, feed, logits, ar_rows, readout)
@@ -245,6 +246,16 @@ def _follow_ar_logits(row: DecodingRow, logits: torch.Tensor, columns: list[int]
             row.step_logits, row._taken = own, 0
     if row.grammar is not None and row.settings.lossless:
         restrict_to_grammar(row, logits, columns, run, bool(start))
+
+
+def _without_the_mask(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, mask_token_id: int) -> None:
+    """A verifying default-mode row chooses its AR tokens without the mask token, which the default mode never
+    emits (its fills never do); lossless rows keep it, as plain `generate` does. In place, after the rows that
+    keep their AR logits took theirs, in one write."""
+    pairs = [(b, c) for b, cs in ar_rows.items() if rows[b].verifies and not rows[b].settings.lossless for c in cs]
+    if pairs:
+        at = device_index([b for b, _ in pairs], logits), device_index([c for _, c in pairs], logits)
+        logits[at[0], at[1], mask_token_id] = float("-inf")
 
 
 def _truncated(kv: list, length: int) -> list:

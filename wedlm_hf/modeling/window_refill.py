@@ -1,9 +1,10 @@
 """The window's refill before a step: masks appended so that W slots follow the step's commit.
 
-In default mode a window is simply topped up to W masks (within the token budget, never after a filled stop
-token). In lossless mode the row's draft sources (`draft_sources`) place their drafts first, in order: the model's
-cuts the window to how many of its drafts held (`draft_windows`), the context's may copy drafts right after the
-leading run; the masks each leaves room for are appended last.
+By the paper's default rule a window is simply topped up to W masks (within the token budget, never after a filled
+stop token). A verifying row's draft sources (`draft_sources`) place their drafts first, in order: in lossless mode
+the model's cuts the window to how many of its drafts held (`draft_windows`), in default mode it asks for W slots
+(section 3.m); the context's may copy drafts right after the leading run; the masks each leaves room for are
+appended last.
 """
 
 from .decoding_state import DecodingRow
