@@ -24,9 +24,16 @@ def add_arguments(parser) -> None:
         "--servers",
         nargs="+",
         default=None,
-        choices=["wedlm", "wedlm-b1", "wedlm-nocache", "wedlm-tp", "tf", "tf-cb"],
+        choices=["wedlm", "wedlm-b1", "wedlm-nocache", "wedlm-tp", "wedlm-bi", "tf", "tf-cb"],
         help="which servers to run (default: wedlm wedlm-b1 tf tf-cb; with --workload shared-prefix: wedlm "
-        "wedlm-nocache); wedlm-tp: wedlm over --tensor-parallel-size ranks",
+        "wedlm-nocache); wedlm-tp: wedlm over --tensor-parallel-size ranks; wedlm-bi: wedlm with --batch-invariant",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="measure each level this many times per server, the servers side by side taking turns, and keep each "
+        "one's best (default 1: one server at a time)",
     )
     parser.add_argument(
         "--tensor-parallel-size", type=positive_int, default=2, help="ranks of the wedlm-tp server (default 2)"

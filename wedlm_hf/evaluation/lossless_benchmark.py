@@ -15,14 +15,19 @@ The lossless promise holds there too: "lossless compiled" (and "AR compiled") mu
 check pass is also their warm-up, so compilation is never timed. Compiled lossless is also set against eager
 prompt lookup: transformers before 5.24 refuses a static cache for prompt lookup, and 5.25 overruns
 one when drafts reach the token budget (docs/benchmarks.md), so eager is the prompt lookup that runs every prompt.
+
+`dtype` (`--dtype`) is the model's; `batch_invariant` (`--batch-invariant`) runs every decoder, checks and timed runs
+alike, inside `wedlm_hf.batch_invariant()`, where lossless (and prompt lookup) equal AR bit for bit in every dtype.
 """
 
+import contextlib
 import random
 
 import torch
 from transformers import AutoTokenizer, CompileConfig
 
 from ..data import FAMILIES, default_model_path
+from ..modeling.batch_invariant import batch_invariant as batch_invariance
 from .bench_report import (
     Column,
     best_of,
@@ -136,34 +141,40 @@ def run_lossless_benchmark(
     compile_backend: str = "inductor",
     device: str = "cpu",
     compile_in_generate: bool | None = None,
+    dtype: str = "float32",
+    batch_invariant: bool = False,
     log=print,
 ) -> dict:
     """`compiled`: also the COMPILED_DECODERS, with torch.compile's `compile_backend` ("eager": the plumbing only).
     `compile_in_generate`: compile them as `generate` does on a GPU (default: on a CUDA `device`), not by swapping
-    in a compiled forward."""
+    in a compiled forward. `batch_invariant`: every run inside `batch_invariant()` (not with `compiled`)."""
+    if batch_invariant and compiled:
+        raise ValueError("--batch-invariant does not cover compiled forwards: leave out --compiled.")
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = load_bench_model(model_path, device, "float32")
+    model = load_bench_model(model_path, device, dtype)
     families = prompt_families(tokenizer, prompts_per_family, train_items_per_family)
     if compile_in_generate is None:
         compile_in_generate = model.device.type == "cuda"
     decoders = _Decoders(model, new_tokens, compiled, compile_backend, compile_in_generate)
     prompts = {(family, p): ids for family, family_prompts in families.items() for p, ids in enumerate(family_prompts)}
-    outputs, mismatches = _check_against_ar(decoders, prompts, tokenizer, log)
 
     def timed_run(name: str):
         return lambda case: decoders.decode(name, prompts[case], checked=False)
 
-    timings = interleave({name: timed_run(name) for name in decoders.names}, repeats, cases=list(prompts))
+    with batch_invariance() if batch_invariant else contextlib.nullcontext():
+        outputs, mismatches = _check_against_ar(decoders, prompts, tokenizer, log)
+        timings = interleave({name: timed_run(name) for name in decoders.names}, repeats, cases=list(prompts))
     groups = {f: [(f, p) for p in range(len(family_prompts))] for f, family_prompts in families.items()}
     groups["all"] = list(prompts)
     rows = {
         family: _family_row(family, cases, decoders, outputs, timings, mismatches, repeats)
         for family, cases in groups.items()
     }
+    dtype_name = str(model.dtype).removeprefix("torch.") + (", batch-invariant" if batch_invariant else "")
     log(
         f"model: {shipped_or_path(model_path)}, {parameter_count(model) / 1e6:.1f}M parameters, {model.device} "
-        f"float32, {plural(torch.get_num_threads(), 'CPU thread')}; {plural(prompts_per_family, 'prompt')} per "
+        f"{dtype_name}, {plural(torch.get_num_threads(), 'CPU thread')}; {plural(prompts_per_family, 'prompt')} per "
         f"family, at most {new_tokens} new tokens (stops at eos), {best_of(repeats)}"
     )
     _log_tables(log, rows, decoders.compile if compiled else None)
@@ -173,7 +184,10 @@ def run_lossless_benchmark(
     else:
         log(f"identical to AR generate on every prompt: {', '.join(decoders.exact)}")
     settings = dict(prompts_per_family=prompts_per_family, new_tokens=new_tokens, repeats=repeats)
-    settings |= dict(threads=torch.get_num_threads(), device=str(model.device))
+    settings |= dict(
+        threads=torch.get_num_threads(), device=str(model.device), dtype=str(model.dtype).removeprefix("torch.")
+    )
+    settings |= dict(batch_invariant=batch_invariant)
     settings |= dict(
         compiled=compile_backend if compiled else None, compiled_in_generate=compiled and compile_in_generate
     )
@@ -337,6 +351,8 @@ def bench_lossless_command(args) -> None:
         threads=args.threads,
         compiled=args.compiled,
         device=args.device,
+        dtype=args.dtype,
+        batch_invariant=args.batch_invariant,
     )
     write_json(args.json, report)
     if report["mismatches"]:

@@ -9,7 +9,13 @@ measured at every concurrency level (each client sends `--requests` greedy /v1/c
 other, streamed), and stopped before the next starts. Reported: requests/s and output tokens/s over the level's
 wall time, time to first token and request latency (p50 / p95).
 
-`wedlm-tp` is `wedlm` split over `--tensor-parallel-size` ranks; `--dtype` is every server's.
+`wedlm-tp` is `wedlm` split over `--tensor-parallel-size` ranks; `wedlm-bi` is `wedlm` with `--batch-invariant` (each
+answer its solo answer), reported as its throughput over `wedlm`'s at every concurrency level; `--dtype` is every
+server's.
+
+`--rounds N` (N > 1) runs the servers side by side: all are started first, then each level is measured N times per
+server, the servers taking turns in an order that rotates each round (`interleaved_runs.rotated`), and each server's
+best round is kept, so that a busy machine slows every server alike. With one round, one server runs at a time.
 
 `--workload shared-prefix` sends prompts that share a ~600-token start (a system prompt, a few-shot block) and end
 in a short question each, to `wedlm` against `wedlm-nocache` (the same server with `--prefix-cache-tokens 0`).
@@ -24,7 +30,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .bench_report import Column, ratio_line, table_head, table_row
+from .bench_report import Column, plural, ratio_line, table_head, table_row
+from .interleaved_runs import rotated
 from .server_process import ServerProcess, free_port
 from .streaming_clients import LevelResult, run_level
 
@@ -33,6 +40,7 @@ SERVERS = {
     "wedlm-b1": "wedlm-hf serve --max-batch-size 1",
     "wedlm-nocache": "wedlm-hf serve --prefix-cache-tokens 0",
     "wedlm-tp": "wedlm-hf serve --tensor-parallel-size N",
+    "wedlm-bi": "wedlm-hf serve --batch-invariant",
     "tf": "transformers serve (AR)",
     "tf-cb": "transformers serve --continuous-batching (AR)",
 }
@@ -89,6 +97,8 @@ def server_command(
             command += ["--prefix-cache-tokens", "0"]
         if kind == "wedlm-tp":
             command += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        if kind == "wedlm-bi":
+            command += ["--batch-invariant"]
         command += ["--dtype", dtype]
         return command + ["--threads", str(threads), "--model", model_dir, "--device", device]
     launcher = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
@@ -111,6 +121,7 @@ def bench_serve(
     workload: str = "mixed",
     dtype: str = "auto",
     tensor_parallel_size: int = 2,
+    rounds: int = 1,
     print_fn=print,
 ) -> list[LevelResult]:
     from transformers import AutoTokenizer
@@ -120,7 +131,7 @@ def bench_serve(
 
     from ..data import default_model_path
 
-    _check_choices(servers, workload, min(clients), requests_per_client, max_tokens)
+    _check_choices(servers, workload, min(clients), requests_per_client, max_tokens, rounds)
     model_dir = model or default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
@@ -134,53 +145,82 @@ def bench_serve(
     count = max(clients) * requests_per_client
     prompts = shared_prefix_prompts(count, count_tokens) if workload == "shared-prefix" else bench_prompts(count)
 
-    def levels(kind: str, url: str, name: str) -> list[LevelResult]:
-        """Every concurrency level against one server, after an untimed warm-up (one request, then one burst)."""
-        run_level(url, name, 1, 1, prompts, max_tokens, kind, count_tokens)
-        run_level(url, name, max(clients), 1, prompts, max_tokens, kind, count_tokens)
-        results = []
-        for n in clients:
-            results.append(run_level(url, name, n, requests_per_client, prompts, max_tokens, kind, count_tokens))
-            print_fn(_row(results[-1]), flush=True)
-        return results
+    names: dict[str, str] = {}  # what each server calls its model
+    stock_dir = None
 
-    results = []
+    def level(kind: str, server: ServerProcess, n: int, requests: int = requests_per_client) -> LevelResult:
+        return run_level(server.url, names[kind], n, requests, prompts, max_tokens, kind, count_tokens)
+
+    def warmed(kind: str, server: ServerProcess) -> None:
+        """Ready, and past an untimed warm-up (one request, then one burst at the highest concurrency)."""
+        server.wait_ready()
+        names[kind] = stock_dir if kind.startswith("tf") else _served_name(server.url)
+        level(kind, server, 1, 1)
+        level(kind, server, max(clients), 1)
+
     with tempfile.TemporaryDirectory(prefix="wedlm-bench-serve-") as scratch:
-        stock_dir = None
         if any(s.startswith("tf") for s in wanted):
             from .stock_qwen3 import save_stock_qwen3
 
             stock_dir = str(save_stock_qwen3(model_dir, Path(scratch) / "qwen3-stock"))
-        for kind in wanted:
+        options = (model_dir, stock_dir, transformers_serve_python, threads, device, dtype, tensor_parallel_size)
+
+        def started(kind: str) -> ServerProcess:
             port = free_port()
-            command = server_command(
-                kind,
-                port,
-                model_dir,
-                stock_dir,
-                transformers_serve_python,
-                threads,
-                device,
-                dtype,
-                tensor_parallel_size,
-            )
-            server = ServerProcess(command, port, Path(scratch) / f"{kind}.log", threads)
-            try:
-                server.wait_ready()
-                results += levels(kind, server.url, stock_dir if kind.startswith("tf") else _served_name(server.url))
-            finally:
-                server.stop()
-    return results
+            return ServerProcess(server_command(kind, port, *options), port, Path(scratch) / f"{kind}.log", threads)
+
+        if rounds == 1:  # one server at a time
+            return [r for kind in wanted for r in _levels_of(kind, started(kind), warmed, level, clients, print_fn)]
+        return _side_by_side(wanted, started, warmed, level, clients, rounds, print_fn)
 
 
-def _check_choices(servers, workload: str, fewest_clients: int, requests_per_client: int, max_tokens: int) -> None:
+def _levels_of(kind, server, warmed, level, clients, print_fn) -> list[LevelResult]:
+    """Every concurrency level against one server, which is stopped after."""
+    try:
+        warmed(kind, server)
+        results = []
+        for n in clients:
+            results.append(level(kind, server, n))
+            print_fn(_row(results[-1]), flush=True)
+        return results
+    finally:
+        server.stop()
+
+
+def _side_by_side(wanted, started, warmed, level, clients, rounds: int, print_fn) -> list[LevelResult]:
+    """Every server started, then every level `rounds` times per server, the servers taking turns in a rotating
+    order; each one's best round (most output tokens/s) is kept. Every server is stopped after."""
+    servers = {}
+    try:
+        for kind in wanted:
+            servers[kind] = started(kind)
+        for kind, server in servers.items():
+            warmed(kind, server)
+        results = []
+        for n in clients:
+            best: dict[str, LevelResult] = {}
+            for round_ in range(rounds):
+                for kind in rotated(list(servers), round_):
+                    result = level(kind, servers[kind], n)
+                    if kind not in best or result.tokens_per_s > best[kind].tokens_per_s:
+                        best[kind] = result
+            for kind in servers:
+                results.append(best[kind])
+                print_fn(_row(best[kind]), flush=True)
+        return results
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def _check_choices(servers, workload: str, fewest_clients: int, requests_per_client: int, max_tokens: int, rounds: int):
     unknown = sorted(set(servers) - set(SERVERS))
     if unknown:
         raise ValueError(f"Unknown server(s) {unknown}: choose from {', '.join(SERVERS)}.")
     if workload not in WORKLOADS:
         raise ValueError(f"Unknown workload {workload!r}: choose from {', '.join(WORKLOADS)}.")
-    if fewest_clients < 1 or requests_per_client < 1 or max_tokens < 1:
-        raise ValueError("--clients, --requests and --max-tokens must be at least 1.")
+    if fewest_clients < 1 or requests_per_client < 1 or max_tokens < 1 or rounds < 1:
+        raise ValueError("--clients, --requests, --max-tokens and --rounds must be at least 1.")
 
 
 def _served_name(url: str) -> str:
@@ -208,9 +248,15 @@ def _row(r: LevelResult) -> str:
 
 
 def summary(results: list[LevelResult]) -> list[str]:
-    """Throughput of `wedlm` over each other server at the highest concurrency they share."""
+    """Throughput of `wedlm` over each other server at the highest concurrency they share; of `wedlm-bi` (the
+    batch-invariant server) over `wedlm` at every concurrency they share."""
     lines = []
     by = {(r.server, r.clients): r for r in results}
+    for r in results:
+        if r.server == "wedlm-bi" and ("wedlm", r.clients) in by:
+            ratio = r.tokens_per_s / by[("wedlm", r.clients)].tokens_per_s
+            label = f"wedlm-bi / wedlm output tokens/s at {plural(r.clients, 'client')}"
+            lines.append(ratio_line(label, ratio, f" (the switch costs {1 - ratio:.0%})"))
     top = max((r.clients for r in results if r.server == "wedlm"), default=None)
     for other in ("wedlm-b1", "wedlm-nocache", "wedlm-tp", "tf", "tf-cb"):
         if top is not None and (other, top) in by:
@@ -226,7 +272,7 @@ def summary(results: list[LevelResult]) -> list[str]:
 def bench_serve_command(args) -> None:
     """`wedlm-hf bench-serve`."""
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
-    print(f"workload: {args.workload}")
+    print(f"workload: {args.workload}" + (f"; best of {args.rounds} side-by-side rounds" if args.rounds > 1 else ""))
     print(HEADER)
     try:
         results = bench_serve(
@@ -241,6 +287,7 @@ def bench_serve_command(args) -> None:
             workload=args.workload,
             dtype=args.dtype,
             tensor_parallel_size=args.tensor_parallel_size,
+            rounds=args.rounds,
         )
     except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"wedlm-hf bench-serve: {exc}") from None
