@@ -27,6 +27,7 @@ MASK_ID = 95
 EOS_ID = 94
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
 def pytest_xdist_auto_num_workers(config) -> int:
     """What `-n auto` (pyproject's addopts) means: one worker per core this process may run on (its affinity, and
     a container's CPU quota where one is set), at most the physical cores. Each worker runs torch on one thread."""
