@@ -10,6 +10,7 @@ from wedlm_hf.modeling.invariant_matmul import (
     invariant_mm,
     original_mm,
     probe_route,
+    product,
     route_name,
 )
 
@@ -38,9 +39,21 @@ def test_a_row_gets_the_same_bits_among_any_number_of_rows(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_torch_own_product_rounds_a_row_alone_differently(dtype):
-    """What the rule is for: a single row takes another kernel (the test above would fail without padding)."""
+    """What the routes are for: a single row takes another kernel (the test above would fail without padding)."""
     a, b = operands(256, 768, dtype)
     assert not torch.equal(original_mm(a[:1], b)[0], original_mm(a[:MIN_ROWS], b)[0])
+
+
+def test_the_routes_measured_here_for_the_shipped_model():
+    """float32 and float16 pad a short product; bfloat16 needs no padding, but its 768 x 256 down projection runs in
+    blocks of 32 rows (oneDNN rounds it differently from 33 rows on)."""
+    routes = {}
+    for dtype in DTYPES:
+        for k, n in SHAPES:
+            routes[str(dtype)[6:], k, n] = route_name(probe_route(operands(k, n, dtype)[1]))
+    assert {name for (dtype, _, _), name in routes.items() if dtype != "bfloat16"} == {"native, at least 16 rows"}
+    assert routes["bfloat16", 768, 256] == "native, in blocks of 32 rows"
+    assert routes["bfloat16", 256, 4096] == "native"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -70,16 +83,23 @@ def test_the_probe_takes_the_first_route_whose_rows_agree():
     _, b = operands(256, 128, torch.bfloat16)
 
     def native_varies(route, a, b):  # a kernel that rounds with the row count unless the product runs in float32
-        out = original_mm(a.float(), b.float())
-        return (out if route[0] else out + a.shape[0] * 1e-3).to(a.dtype)
+        out = product(route, a, b)
+        return out if route[1] else out + a.shape[0]
 
-    assert route_name(probe_route(b, run=native_varies)) == "float32"
+    assert route_name(probe_route(b, run=native_varies)) == "float32, at least 16 rows"
 
-    def blocks_needed(route, a, b):  # a kernel that rounds differently above 64 rows unless run in blocks
+    def one_row_differs(route, a, b):  # a kernel that rounds a single row differently unless it is padded
         out = original_mm(a, b)
-        return out + 1 if a.shape[0] > 64 and not route[1] else out
+        return out + 1 if a.shape[0] == 1 and not route[0] else out
 
-    assert route_name(probe_route(b, run=blocks_needed)) == "native, in blocks of 64 rows"
+    assert route_name(probe_route(b, run=one_row_differs)) == "native, at least 16 rows"
+
+    def blocks_needed(route, a, b):  # a kernel that rounds differently above 40 rows unless run in blocks
+        out = original_mm(a, b)
+        return out + 1 if a.shape[0] > 40 and not route[2] else out
+
+    assert route_name(probe_route(b, run=blocks_needed)) == "native, in blocks of 32 rows"
+    assert route_name(probe_route(b, run=lambda route, a, b: original_mm(a, b))) == "native"
 
 
 def test_a_product_no_route_makes_invariant_is_refused_in_one_line():
@@ -90,13 +110,13 @@ def test_a_product_no_route_makes_invariant_is_refused_in_one_line():
         probe_route(b, run=lambda route, a, b: original_mm(a, b) + a.shape[0])
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError):  # float32 operands have no wider route to fall back on
-        probe_route(b, run=lambda route, a, b: original_mm(a, b) * (1.0 if route[0] else 1 + a.shape[0] * 1e-3))
+        probe_route(b, run=lambda route, a, b: original_mm(a, b) * (1.0 if route[1] else 1 + a.shape[0] * 1e-3))
 
 
 def test_routes_are_probed_once_per_operand_shape(monkeypatch):
     probed = []
     monkeypatch.setattr(invariant_matmul, "_ROUTES", {})
-    monkeypatch.setattr(invariant_matmul, "probe_route", lambda b: probed.append(b.shape) or (False, False))
+    monkeypatch.setattr(invariant_matmul, "probe_route", lambda b: probed.append(b.shape) or (True, False, False))
     a, b = operands(256, 128, torch.float32)
     for rows in (1, 40, 3):
         invariant_mm(a[:rows], b)

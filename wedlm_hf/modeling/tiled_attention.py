@@ -25,6 +25,7 @@ import torch
 from .invariant_matmul import MIN_ROWS, PROBE_ROW_COUNTS
 
 KEY_BLOCK = 64
+_ROW_COUNTS = [rows for rows in PROBE_ROW_COUNTS if rows >= MIN_ROWS]  # the products here always have as many
 _PROBED: set[tuple] = set()
 _LAST_LAYOUT = threading.local()  # the layers of one forward share their mask: its layout is worked out once
 
@@ -159,13 +160,11 @@ def probe_attention_products(head_dim: int, device) -> None:
     reference = torch.bmm(queries[:, :MIN_ROWS], keys[:, :, :KEY_BLOCK])
     scores_agree = all(
         torch.equal(torch.bmm(queries[:, :rows], keys[:, :, :length])[:, :MIN_ROWS, :KEY_BLOCK], reference)
-        for rows in PROBE_ROW_COUNTS
+        for rows in _ROW_COUNTS
         for length in (KEY_BLOCK, 2 * KEY_BLOCK, 5 * KEY_BLOCK, 16 * KEY_BLOCK)
     )
     reference = torch.bmm(weights[:, :MIN_ROWS], values)
-    sums_agree = all(
-        torch.equal(torch.bmm(weights[:, :rows], values)[:, :MIN_ROWS], reference) for rows in PROBE_ROW_COUNTS
-    )
+    sums_agree = all(torch.equal(torch.bmm(weights[:, :rows], values)[:, :MIN_ROWS], reference) for rows in _ROW_COUNTS)
     if not (scores_agree and sums_agree):
         raise ValueError(
             f"batch_invariant(): float32 attention products of head size {head_dim} round a row differently with "
