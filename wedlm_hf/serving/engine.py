@@ -60,6 +60,9 @@ class ServingEngine:
         reason = refusal(model) if batch_invariant else None
         if reason is not None:
             raise ValueError(f"--batch-invariant: {reason}")
+        if batch_invariant:  # the switch probes each product's route at first use: here, not in the first request
+            with batch_invariance(), torch.no_grad():
+                model(torch.zeros((1, 1), dtype=torch.long, device=model.device))
         self.ranks = ranks  # a `tensor_parallel.RankChannel` when the model is split over several ranks
         if tool_call_parser not in TOOL_FORMATS:
             raise ValueError(f"--tool-call-parser {tool_call_parser!r}: give one of {', '.join(TOOL_FORMATS)}.")
