@@ -8,32 +8,35 @@ projection: one value in a few thousand, from 33 rows on). A row of a linear lay
 batch, the window or the prompt chunk around it changes.
 
 So each product runs by a route that gives a row the same bits at every row count, the cheapest that does (ROUTES):
-as it is; with at least MIN_ROWS rows (zero rows appended: a row of a product reads only its own row of the left
-operand, so the one-row and small-matrix kernels never run); in blocks of at most BLOCK_ROWS rows (for kernels that
-change again above some count, as that down projection does); and, for float16 and bfloat16, in float32 (exact
-products of the widened values, rounded once to the dtype). Which route holds is measured where it runs, not
-assumed: the first product with a given right operand (shape, dtype, layout, torch's thread count) is computed at
-every row count up to 64 and at a few above, and every row compared bit for bit with the same row in a product of
-MIN_ROWS rows. A product no route makes invariant is refused with one line naming it.
+a call takes at least a route's fewest rows (zero rows appended: a row of a product reads only its own row of the
+left operand, so with 16 the one-row and small-matrix kernels never run) and at most its most rows (a longer product
+runs in blocks, the last one padded too); float16 and bfloat16 may also run in float32 (exact products of the
+widened values, rounded once to the dtype). Every call then has a row count in the range the probe measured: the
+first product with a given right operand (shape, dtype, layout, torch's thread count) is computed at every row
+count up to 64, every 8th up to 128 and a few up to MAX_ROWS and beyond, and every row compared bit for bit with the
+same row in a product of 16 rows, and 64 rows alone too. The shipped model's products here: float32 and float16
+take 16 to 1024 rows a call; bfloat16 takes 1 to 1024, and 64 to 128 for that down projection (oneDNN rounds it one
+way up to 32 rows, another from 33 to 255, a third from 256). A product no route makes invariant is refused with
+one line naming it.
 """
 
 import weakref
 
 import torch
 
-MIN_ROWS = 16
-BLOCK_ROWS = 32
-# Every count up to 64 (oneDNN's kernel choice changes at irregular counts there), then a few larger ones.
-PROBE_ROW_COUNTS = (*range(1, 65), 96, 128, 192, 256)
+MIN_ROWS = 16  # the fewest rows a call needs to stay off the one-row and small-matrix kernels
+MAX_ROWS = 1024  # the most rows of a call: longer products run in blocks of rows, each a count the probe measured
+# Every count up to 64 (oneDNN's kernel choice changes at irregular counts there), every 8th up to 128, then sparser
+# up to the most rows of a call, and one that splits into two calls.
+PROBE_ROW_COUNTS = (*range(1, 65), *range(72, 129, 8), 160, 192, 256, 384, 512, 768, MAX_ROWS, MAX_ROWS + 76)
 _REDUCED = (torch.float16, torch.bfloat16)
-# (padded to MIN_ROWS rows, in float32, in blocks of BLOCK_ROWS rows): the ways a product may run, cheapest first
-ROUTES = (
-    (False, False, False),
-    (True, False, False),
-    (False, False, True),
-    (True, False, True),
-    (True, True, False),
-    (True, True, True),
+# (fewest rows of a call, in float32, most rows of a call): the ways a product may run, cheapest first
+ROUTES = tuple(
+    (fewest, widen, most)
+    for widen in (False, True)
+    for most in (MAX_ROWS, 128, 32)
+    for fewest in ((1, MIN_ROWS, 64) if not widen else (MIN_ROWS,))
+    if fewest < most
 )
 _ROUTES: dict[tuple, tuple] = {}  # probed right operands -> their route
 # id of a weight -> (the weight, weakly; its version; the view's layout; the view in float32), dropped with the weight
@@ -62,27 +65,24 @@ def invariant_addmm(bias, a, b, *, beta=1, alpha=1) -> torch.Tensor:
     return out + (bias if beta == 1 else bias * beta)
 
 
-def padded(a: torch.Tensor) -> torch.Tensor:
-    """`a` with zero rows appended up to MIN_ROWS rows (as it is when it has as many)."""
-    if a.shape[0] >= MIN_ROWS:
+def padded(a: torch.Tensor, rows: int = MIN_ROWS) -> torch.Tensor:
+    """`a` with zero rows appended up to `rows` rows (as it is when it has as many)."""
+    if a.shape[0] >= rows:
         return a
-    return torch.cat([a, a.new_zeros((MIN_ROWS - a.shape[0], *a.shape[1:]))])
+    return torch.cat([a, a.new_zeros((rows - a.shape[0], *a.shape[1:]))])
 
 
 def product(route: tuple, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b the way `route` says (ROUTES): padded to MIN_ROWS rows or not, in float32 or not, in blocks of
-    BLOCK_ROWS rows (the last one padded too, with padding) or whole."""
-    pad, widen, blocks = route
+    """a @ b the way `route` says (ROUTES): every call of torch's kernel with between its fewest and most rows (zero
+    rows appended, longer products in blocks), in float32 or not."""
+    fewest, widen, most = route
     rows, dtype = a.shape[0], a.dtype
-    if pad and rows < MIN_ROWS:
-        a = padded(a)
     if widen:
         a, b = a.float(), widened(b)
-    if blocks and a.shape[0] > BLOCK_ROWS:
-        parts = [padded(part) if pad else part for part in a.split(BLOCK_ROWS)]
-        out = torch.cat([original_mm(part, b) for part in parts])
+    if rows <= most:
+        out = original_mm(padded(a, fewest), b)
     else:
-        out = original_mm(a, b)
+        out = torch.cat([original_mm(padded(part, fewest), b) for part in a.split(most)])
     if out.shape[0] != rows:
         out = out[:rows]
     return out.to(dtype) if widen else out
@@ -104,11 +104,8 @@ def widened(b: torch.Tensor) -> torch.Tensor:
 
 
 def route_name(route: tuple) -> str:
-    pad, widen, blocks = route
-    parts = ["float32" if widen else "native"]
-    parts += [f"at least {MIN_ROWS} rows"] if pad else []
-    parts += [f"in blocks of {BLOCK_ROWS} rows"] if blocks else []
-    return ", ".join(parts)
+    fewest, widen, most = route
+    return f"{'float32' if widen else 'native'}, {fewest} to {most} rows a call"
 
 
 def _route(b: torch.Tensor) -> tuple:
@@ -140,7 +137,7 @@ def probe_route(b: torch.Tensor, run=product) -> tuple:
 def rows_agree(run, a: torch.Tensor) -> bool:
     """Whether every row of `run(a[:m])`, for m in PROBE_ROW_COUNTS, and each of the first 64 rows run alone, has
     the bits of the same row in a product of MIN_ROWS rows. Every row is compared, and many alone: in float16 and
-    bfloat16 a different summation order shows only where it moves a rounding, in about one value in a thousand."""
+    bfloat16 a different summation order shows only where it moves a rounding (one value in a few thousand)."""
     reference = torch.cat([run(a[start : start + MIN_ROWS]) for start in range(0, a.shape[0], MIN_ROWS)])
     if not all(torch.equal(run(a[i : i + 1])[0], reference[i]) for i in range(64)):
         return False

@@ -22,10 +22,12 @@ import threading
 
 import torch
 
-from .invariant_matmul import MIN_ROWS, PROBE_ROW_COUNTS
+from .invariant_matmul import MAX_ROWS, MIN_ROWS, PROBE_ROW_COUNTS
 
 KEY_BLOCK = 64
-_ROW_COUNTS = [rows for rows in PROBE_ROW_COUNTS if rows >= MIN_ROWS]  # the products here always have as many
+MAX_KEYS = 1024  # the most keys of a score product: more run in blocks of columns
+_ROW_COUNTS = [rows for rows in PROBE_ROW_COUNTS if MIN_ROWS <= rows <= MAX_ROWS]  # the row counts of a call here
+_KEY_COUNTS = (KEY_BLOCK, 5 * KEY_BLOCK, MAX_KEYS)  # the score products' key counts the probe measures
 _PROBED: set[tuple] = set()
 _LAST_LAYOUT = threading.local()  # the layers of one forward share their mask: its layout is worked out once
 
@@ -35,25 +37,31 @@ def tiled_attention(module, query, key, value, attention_mask, scaling=None, is_
     head_dim) under transformers' sdpa conventions (a boolean mask, True = attend; or no mask: causal from the
     top-left corner when `is_causal` and q_len > 1, else every key). Returns (batch, q_len, heads, head_dim)."""
     batch, heads, q_len, head_dim = query.shape
-    kv_heads = key.shape[1]
-    group = heads // kv_heads
+    kv_heads, k_len = key.shape[1], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    keys, values, allowed = _canonical_keys(key, value, attention_mask, q_len, causal)
-    length = keys.shape[2]
-    rows = group * q_len
-    q = padded_rows(query.float().reshape(batch * kv_heads, rows, head_dim))
-    scores = torch.bmm(q, keys.view(batch * kv_heads, length, head_dim).transpose(1, 2))
-    scores = scores * (head_dim**-0.5 if scaling is None else scaling)
-    allowed = allowed.expand(batch, -1, q_len, length)
-    if allowed.shape[1] == 1:
-        allowed = allowed.expand(batch, heads, q_len, length)
-    allowed = padded_rows(allowed.reshape(batch * kv_heads, rows, length))
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    order, blocked = key_layout(attention_mask, (batch, heads, kv_heads, q_len, k_len), causal, key.device)
+    keys, values = _canonical_keys(key, order, blocked.shape[-1]), _canonical_keys(value, order, blocked.shape[-1])
+    rows = heads // kv_heads * q_len  # a key head's queries, of all its query heads
+    scale = head_dim**-0.5 if scaling is None else scaling
+    q = (query.float() * scale).reshape(batch * kv_heads, rows, head_dim)
+    parts = []
+    for start in range(0, rows, MAX_ROWS):  # every product has MIN_ROWS to MAX_ROWS rows
+        part = q[:, start : start + MAX_ROWS]
+        out = _attend(padded_rows(part), keys, values, padded_rows(blocked[:, start : start + MAX_ROWS]))
+        parts.append(out[:, : part.shape[1]])
+    out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    return out.reshape(batch, heads, q_len, head_dim).to(query.dtype).transpose(1, 2)
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """softmax(q keys^T, blocked keys left out) values for (n, rows, head_dim) queries, scaled already."""
+    scores = [
+        torch.bmm(q, keys[:, start : start + MAX_KEYS].transpose(1, 2)) for start in range(0, keys.shape[1], MAX_KEYS)
+    ]
+    scores = (torch.cat(scores, dim=-1) if len(scores) > 1 else scores[0]).masked_fill(blocked, float("-inf"))
     top = scores.amax(dim=-1, keepdim=True)
     weights = torch.exp(scores - top.masked_fill(top == float("-inf"), 0.0))  # a row with no key: all 0
-    out = _blockwise_sum(weights, values.view(batch * kv_heads, length, head_dim))
-    out = out[:, :rows].reshape(batch, heads, q_len, head_dim)
-    return out.to(query.dtype).transpose(1, 2)
+    return _blockwise_sum(weights, values)
 
 
 def padded_rows(x: torch.Tensor) -> torch.Tensor:
@@ -65,19 +73,14 @@ def padded_rows(x: torch.Tensor) -> torch.Tensor:
 
 def _blockwise_sum(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """sum_j weights[..., j] * values[j] / sum_j weights[..., j], each block of KEY_BLOCK keys one product of a fixed
-    shape, the blocks added left to right."""
-    n, rows, length = weights.shape
-    blocks = length // KEY_BLOCK
-    tiles = weights.view(n, rows, blocks, KEY_BLOCK)
-    sums = tiles.sum(-1)  # (n, rows, blocks): a reduction over KEY_BLOCK values, whatever n and rows are
-    parts = torch.bmm(
-        tiles.transpose(1, 2).reshape(n * blocks, rows, KEY_BLOCK),
-        values.view(n * blocks, KEY_BLOCK, values.shape[-1]),
-    ).view(n, blocks, rows, values.shape[-1])
-    total, norm = parts[:, 0], sums[..., 0]
-    for block in range(1, blocks):
-        total = total + parts[:, block]
-        norm = norm + sums[..., block]
+    shape (its weights a view, rows KEY_BLOCK apart), the blocks added left to right."""
+    total = norm = None
+    for start in range(0, weights.shape[-1], KEY_BLOCK):
+        block = weights[:, :, start : start + KEY_BLOCK]
+        part = torch.bmm(block, values[:, start : start + KEY_BLOCK])
+        part_norm = block.sum(-1)  # a reduction over KEY_BLOCK values, whatever the other sizes
+        total = part if total is None else total + part
+        norm = part_norm if norm is None else norm + part_norm
     return total / norm.masked_fill(norm == 0, 1.0).unsqueeze(-1)
 
 
@@ -99,73 +102,85 @@ def allowed_keys(attention_mask, q_len: int, k_len: int, causal: bool, device) -
     return ~blocked
 
 
-def _canonical_keys(key, value, attention_mask, q_len: int, causal: bool):
-    """Each row's attended keys and values gathered to the front in float32, padded with zeros to a multiple of
-    KEY_BLOCK; and the mask over them. Without a mask the keys are in place already."""
-    batch, kv_heads, k_len, head_dim = key.shape
-    if attention_mask is None:
-        allowed = allowed_keys(None, q_len, k_len, causal, key.device)
-        extra = -k_len % KEY_BLOCK
-        if not extra:
-            return key.float().contiguous(), value.float().contiguous(), allowed
-        pad = (0, 0, 0, extra)
-        allowed = torch.nn.functional.pad(allowed, (0, extra))
-        return torch.nn.functional.pad(key.float(), pad), torch.nn.functional.pad(value.float(), pad), allowed
-    order, allowed = key_layout(attention_mask, batch, q_len, k_len, causal)
-    length = order.shape[1]
-    flat = order[:, None, :] + k_len * torch.arange(batch * kv_heads, device=key.device).view(batch, kv_heads, 1)
-    flat = flat.reshape(-1)
-
-    def gathered(states):
-        return states.reshape(batch * kv_heads * k_len, head_dim).index_select(0, flat).float()
-
-    shape = (batch, kv_heads, length, head_dim)
-    return gathered(key).view(shape), gathered(value).view(shape), allowed
+def _canonical_keys(states: torch.Tensor, order, length: int) -> torch.Tensor:
+    """(batch * key heads, length, head_dim) float32: each row's attended keys (or values) at the front, in
+    order (`order`: their columns; None: the columns as they are), then padding up to `length`."""
+    batch, kv_heads, k_len, head_dim = states.shape
+    if order is None:
+        flat = states.float().reshape(batch * kv_heads, k_len, head_dim)
+        return torch.nn.functional.pad(flat, (0, 0, 0, length - k_len))
+    offsets = k_len * torch.arange(batch * kv_heads, device=states.device).view(batch, kv_heads, 1)
+    picked = states.reshape(batch * kv_heads * k_len, head_dim).index_select(0, (order[:, None] + offsets).view(-1))
+    return picked.float().view(batch * kv_heads, length, head_dim)
 
 
-def key_layout(attention_mask, batch: int, q_len: int, k_len: int, causal: bool):
-    """(order, allowed): per row, the columns any of its queries attends, in order, then repeats of its first one up
-    to a multiple of KEY_BLOCK (batch, length); and the mask over those columns (batch, heads or 1, q_len, length).
-    Worked out once for the layers of a forward, which pass the same mask."""
+def key_layout(attention_mask, shape: tuple, causal: bool, device):
+    """(order, blocked) for an attention of `shape` (batch, heads, key heads, q_len, k_len): per row, the columns
+    any of its queries attends, in order, then repeats of its first one up to a multiple of KEY_BLOCK (batch,
+    length; None without a mask, whose keys are in place); and which (query row, key) pairs are not attended, as
+    `tiled_attention` lays them out ((batch * key heads or 1, its query rows, length)). Worked out once
+    for the layers of a forward, which pass the same mask."""
     last = getattr(_LAST_LAYOUT, "value", None)
-    facts = (attention_mask._version, batch, q_len, k_len, causal)
+    facts = (None if attention_mask is None else attention_mask._version, shape, causal)
     if last is not None and last[0] is attention_mask and last[1] == facts:
         return last[2]
-    allowed = allowed_keys(attention_mask, q_len, k_len, causal, attention_mask.device)
-    attended = allowed.any(dim=-2).any(dim=1).expand(batch, k_len)
-    counts = attended.sum(-1)
-    longest = int(counts.max())
-    length = max(KEY_BLOCK, -(-longest // KEY_BLOCK) * KEY_BLOCK)
-    order = torch.sort((~attended).to(torch.int8), dim=-1, stable=True).indices[:, :longest]
-    order = torch.cat([order, order[:, :1].expand(batch, length - longest)], dim=1)
-    inside = torch.arange(length, device=order.device) < counts[:, None]
-    allowed = allowed.expand(batch, -1, -1, k_len)
-    allowed = allowed.gather(-1, order[:, None, None, :].expand(*allowed.shape[:3], length)) & inside[:, None, None]
-    _LAST_LAYOUT.value = (attention_mask, facts, (order, allowed))
-    return order, allowed
+    batch, heads, kv_heads, q_len, k_len = shape
+    allowed = allowed_keys(attention_mask, q_len, k_len, causal, device)
+    if attention_mask is None:
+        order, length = None, -(-k_len // KEY_BLOCK) * KEY_BLOCK
+        allowed = torch.nn.functional.pad(allowed, (0, length - k_len))
+    else:
+        attended = allowed.any(dim=-2).any(dim=1).expand(batch, k_len)
+        counts = attended.sum(-1)
+        longest = int(counts.max())
+        length = max(KEY_BLOCK, -(-longest // KEY_BLOCK) * KEY_BLOCK)
+        order = torch.sort((~attended).to(torch.int8), dim=-1, stable=True).indices[:, :longest]
+        order = torch.cat([order, order[:, :1].expand(batch, length - longest)], dim=1)
+        inside = torch.arange(length, device=order.device) < counts[:, None]
+        allowed = allowed.expand(batch, -1, -1, k_len)
+        allowed = allowed.gather(-1, order[:, None, None, :].expand(*allowed.shape[:3], length))
+        allowed = allowed & inside[:, None, None]
+    blocked = ~_per_key_head(allowed, heads, kv_heads, q_len, length)
+    _LAST_LAYOUT.value = (attention_mask, facts, (order, blocked))
+    return order, blocked
+
+
+def _per_key_head(allowed: torch.Tensor, heads: int, kv_heads: int, q_len: int, length: int) -> torch.Tensor:
+    """(batch or 1, heads or 1, q_len or 1, length) -> (batch * key heads or 1, heads / key heads * q_len, length):
+    the rows `tiled_attention` gives a key head (its query heads' queries, head by head)."""
+    n, mask_heads = allowed.shape[:2]
+    if n == 1 and mask_heads == 1:  # one pattern for every row and head (no mask): broadcast, not copied
+        return allowed.expand(1, heads // kv_heads, q_len, length).reshape(1, -1, length)
+    return allowed.expand(n, heads, q_len, length).reshape(n * kv_heads, heads // kv_heads * q_len, length)
 
 
 def probe_attention_products(head_dim: int, device) -> None:
-    """Checks once per head size (and thread count) that the two products of `tiled_attention` give a row the same
-    bits at every row count (and, for the scores, every key length); raises a ValueError naming them otherwise."""
+    """Checks once per head size (and thread count) that the two products of `tiled_attention`, laid out as it lays
+    them out, give a row the same bits at every row count and key length; raises a ValueError naming them otherwise."""
     key = (device.type, head_dim, torch.get_num_threads())
     if key in _PROBED:
         return
     generator = torch.Generator(device=device).manual_seed(0)
-    most = max(PROBE_ROW_COUNTS)
-    queries = torch.randn((1, most, head_dim), generator=generator, device=device)
-    keys = torch.randn((1, head_dim, 16 * KEY_BLOCK), generator=generator, device=device)
-    weights = torch.rand((1, most, KEY_BLOCK), generator=generator, device=device)
+    rows, lengths = max(_ROW_COUNTS), _KEY_COUNTS
+    queries = torch.randn((1, rows, head_dim), generator=generator, device=device)
+    keys = torch.randn((1, max(lengths), head_dim), generator=generator, device=device)
+    weights = torch.rand((1, rows, max(lengths)), generator=generator, device=device)
     values = torch.randn((1, KEY_BLOCK, head_dim), generator=generator, device=device)
-    reference = torch.bmm(queries[:, :MIN_ROWS], keys[:, :, :KEY_BLOCK])
-    scores_agree = all(
-        torch.equal(torch.bmm(queries[:, :rows], keys[:, :, :length])[:, :MIN_ROWS, :KEY_BLOCK], reference)
-        for rows in _ROW_COUNTS
-        for length in (KEY_BLOCK, 2 * KEY_BLOCK, 5 * KEY_BLOCK, 16 * KEY_BLOCK)
+
+    def scores(rows: int, length: int) -> torch.Tensor:
+        return torch.bmm(queries[:, :rows], keys[:, :length].transpose(1, 2))[:, :MIN_ROWS, :KEY_BLOCK]
+
+    def sums(rows: int, length: int) -> torch.Tensor:  # a block of weights whose rows lie `length` apart
+        block = weights[:, :rows, :length].contiguous()[:, :, :KEY_BLOCK]
+        return torch.bmm(block, values)[:, :MIN_ROWS]
+
+    agree = all(
+        torch.equal(product(n, length), product(MIN_ROWS, KEY_BLOCK))
+        for product in (scores, sums)
+        for n in _ROW_COUNTS
+        for length in lengths
     )
-    reference = torch.bmm(weights[:, :MIN_ROWS], values)
-    sums_agree = all(torch.equal(torch.bmm(weights[:, :rows], values)[:, :MIN_ROWS], reference) for rows in _ROW_COUNTS)
-    if not (scores_agree and sums_agree):
+    if not agree:
         raise ValueError(
             f"batch_invariant(): float32 attention products of head size {head_dim} round a row differently with "
             f"the number of rows on this {device.type} (torch {torch.__version__}, {torch.get_num_threads()} "
