@@ -1,7 +1,7 @@
-"""Decoding under `batch_invariant()` on the shipped model, in bfloat16, float16 and float32: each prompt's tokens and
-logits are the same alone and batched with prompts of other lengths (default greedy and lossless), lossless equals
-plain AR `generate()` bit for bit, and a prompt's K/V are the same bits whether prefilled whole, in chunks, on top of
-a cached prefix or beside another row."""
+"""Decoding under `batch_invariant()` on the shipped model, in bfloat16, float16, float32 and float64: each prompt's
+tokens and logits are the same alone and batched with prompts of other lengths (default greedy and lossless),
+lossless equals plain AR `generate()` bit for bit, and a prompt's K/V are the same bits whether prefilled whole, in
+chunks, on top of a cached prefix or beside another row."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from transformers import AutoTokenizer, DynamicCache
 
 from wedlm_hf import WeDLMForCausalLM, batch_invariant, default_model_path
 
-DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 PROMPTS = ["count from 3 by 1, 12 numbers:", "copy: apple river stone cloud tiger lamp =>", "def f(x):\n    return"]
 NEW_TOKENS = 12
 MODES = {"default": {}, "lossless": {"wedlm_lossless": True}}
@@ -63,6 +63,8 @@ def test_lossless_equals_ar_generate_bit_for_bit(model, tokenizer):
 
 def test_without_the_switch_batching_moves_the_logits(model, tokenizer):
     """What the switch is for: the same comparison fails without it."""
+    if model.dtype == torch.float64:
+        pytest.skip("float64's kernels give these rows the same bits alone and batched, switch or not")
     alone = [decode(model, tokenizer, [prompt], strategy="wedlm", wedlm_lossless=True)[0] for prompt in PROMPTS]
     batched = decode(model, tokenizer, PROMPTS, strategy="wedlm", wedlm_lossless=True)
     assert not all(torch.equal(a[1], b[1][: len(a[1])]) for a, b in zip(alone, batched))
