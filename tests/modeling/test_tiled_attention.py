@@ -111,3 +111,13 @@ def test_a_query_that_attends_nothing_gets_zeros():
 def test_the_products_pass_their_probe_here():
     probe_attention_products(DIM, torch.device("cpu"))
     probe_attention_products(128, torch.device("cpu"))
+
+
+def test_more_queries_and_keys_than_one_product_takes():
+    """A long prefill: its queries run in products of at most 1,024 rows and its keys in score products of at most
+    1,024 keys; a query gets the bits it gets alone."""
+    query, key, value, mask = one_row(torch.float32, cached=1100, fed=600)
+    whole = tiled_attention(MODULE, query, key, value, mask)
+    for j in (0, 599):
+        alone = tiled_attention(MODULE, query[:, :, j : j + 1], key, value, mask[:, :, j : j + 1])
+        assert torch.equal(alone[0, 0], whole[0, j])

@@ -39,17 +39,19 @@ def tiled_attention(module, query, key, value, attention_mask, scaling=None, is_
     batch, heads, q_len, head_dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    order, blocked = key_layout(attention_mask, (batch, heads, kv_heads, q_len, k_len), causal, key.device)
-    keys, values = _canonical_keys(key, order, blocked.shape[-1]), _canonical_keys(value, order, blocked.shape[-1])
+    picks, blocked = key_layout(attention_mask, (batch, heads, kv_heads, q_len, k_len), causal, key.device)
+    keys, values = (_canonical_keys(states, picks, blocked.shape[-1]) for states in (key, value))
     rows = heads // kv_heads * q_len  # a key head's queries, of all its query heads
     scale = head_dim**-0.5 if scaling is None else scaling
     q = (query.float() * scale).reshape(batch * kv_heads, rows, head_dim)
-    parts = []
-    for start in range(0, rows, MAX_ROWS):  # every product has MIN_ROWS to MAX_ROWS rows
-        part = q[:, start : start + MAX_ROWS]
-        out = _attend(padded_rows(part), keys, values, padded_rows(blocked[:, start : start + MAX_ROWS]))
-        parts.append(out[:, : part.shape[1]])
-    out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    if rows <= MAX_ROWS:  # `blocked` has MIN_ROWS rows at least already
+        out = _attend(padded_rows(q), keys, values, blocked)[:, :rows]
+    else:  # every product has at most MAX_ROWS rows
+        parts = [q[:, start : start + MAX_ROWS] for start in range(0, rows, MAX_ROWS)]
+        blocks = [blocked[:, start : start + MAX_ROWS] for start in range(0, rows, MAX_ROWS)]
+        out = torch.cat(
+            [_attend(padded_rows(p), keys, values, padded_rows(b))[:, : p.shape[1]] for p, b in zip(parts, blocks)], 1
+        )
     return out.reshape(batch, heads, q_len, head_dim).to(query.dtype).transpose(1, 2)
 
 
@@ -102,24 +104,24 @@ def allowed_keys(attention_mask, q_len: int, k_len: int, causal: bool, device) -
     return ~blocked
 
 
-def _canonical_keys(states: torch.Tensor, order, length: int) -> torch.Tensor:
-    """(batch * key heads, length, head_dim) float32: each row's attended keys (or values) at the front, in
-    order (`order`: their columns; None: the columns as they are), then padding up to `length`."""
+def _canonical_keys(states: torch.Tensor, picks, length: int) -> torch.Tensor:
+    """(batch * key heads, length, head_dim) float32: each row's attended keys (or values) at the front, in order
+    (`picks`: their rows in `states` seen as (batch * key heads * k_len, head_dim); None: in place already), then
+    padding up to `length`."""
     batch, kv_heads, k_len, head_dim = states.shape
-    if order is None:
+    if picks is None:
         flat = states.float().reshape(batch * kv_heads, k_len, head_dim)
         return torch.nn.functional.pad(flat, (0, 0, 0, length - k_len))
-    offsets = k_len * torch.arange(batch * kv_heads, device=states.device).view(batch, kv_heads, 1)
-    picked = states.reshape(batch * kv_heads * k_len, head_dim).index_select(0, (order[:, None] + offsets).view(-1))
+    picked = states.reshape(batch * kv_heads * k_len, head_dim).index_select(0, picks)
     return picked.float().view(batch * kv_heads, length, head_dim)
 
 
 def key_layout(attention_mask, shape: tuple, causal: bool, device):
-    """(order, blocked) for an attention of `shape` (batch, heads, key heads, q_len, k_len): per row, the columns
-    any of its queries attends, in order, then repeats of its first one up to a multiple of KEY_BLOCK (batch,
-    length; None without a mask, whose keys are in place); and which (query row, key) pairs are not attended, as
-    `tiled_attention` lays them out ((batch * key heads or 1, its query rows, length)). Worked out once
-    for the layers of a forward, which pass the same mask."""
+    """(picks, blocked) for an attention of `shape` (batch, heads, key heads, q_len, k_len): per row, the columns
+    any of its queries attends, in order, then repeats of its first one up to a multiple of KEY_BLOCK, as rows of
+    the keys seen as (batch * key heads * k_len, head_dim) (None without a mask, whose keys are in place); and which
+    (query row, key) pairs are not attended, as `tiled_attention` lays them out ((batch * key heads or 1, its query
+    rows, at least MIN_ROWS, length)). Worked out once for the layers of a forward, which pass the same mask."""
     last = getattr(_LAST_LAYOUT, "value", None)
     facts = (None if attention_mask is None else attention_mask._version, shape, causal)
     if last is not None and last[0] is attention_mask and last[1] == facts:
@@ -127,7 +129,7 @@ def key_layout(attention_mask, shape: tuple, causal: bool, device):
     batch, heads, kv_heads, q_len, k_len = shape
     allowed = allowed_keys(attention_mask, q_len, k_len, causal, device)
     if attention_mask is None:
-        order, length = None, -(-k_len // KEY_BLOCK) * KEY_BLOCK
+        picks, length = None, -(-k_len // KEY_BLOCK) * KEY_BLOCK
         allowed = torch.nn.functional.pad(allowed, (0, length - k_len))
     else:
         attended = allowed.any(dim=-2).any(dim=1).expand(batch, k_len)
@@ -140,9 +142,11 @@ def key_layout(attention_mask, shape: tuple, causal: bool, device):
         allowed = allowed.expand(batch, -1, -1, k_len)
         allowed = allowed.gather(-1, order[:, None, None, :].expand(*allowed.shape[:3], length))
         allowed = allowed & inside[:, None, None]
-    blocked = ~_per_key_head(allowed, heads, kv_heads, q_len, length)
-    _LAST_LAYOUT.value = (attention_mask, facts, (order, blocked))
-    return order, blocked
+        offsets = k_len * torch.arange(batch * kv_heads, device=order.device).view(batch, kv_heads, 1)
+        picks = (order[:, None] + offsets).view(-1)
+    blocked = ~padded_rows(_per_key_head(allowed, heads, kv_heads, q_len, length))
+    _LAST_LAYOUT.value = (attention_mask, facts, (picks, blocked))
+    return picks, blocked
 
 
 def _per_key_head(allowed: torch.Tensor, heads: int, kv_heads: int, q_len: int, length: int) -> torch.Tensor:
