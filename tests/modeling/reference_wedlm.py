@@ -83,14 +83,17 @@ def _forward(model, committed: list[int], window: list, mask_token_id: int):
     return logits, masks
 
 
-def _entropy_rule(mask_logits, mask_token_id: int, threshold, penalty: float, offsets: list[int]):
-    """Which masks the entropy rule fills (indices into `offsets`, ascending) and every mask's argmax."""
+def _entropy_rule(mask_logits, mask_token_id: int, threshold, penalty: float, offsets: list[int], sure=None):
+    """Which masks the entropy rule fills (indices into `offsets`, ascending) and every mask's argmax; `sure` (a
+    list) gets, for each, whether it was under the threshold rather than the rule's fallback."""
     mask_logits = mask_logits.double().clone()
     mask_logits[:, mask_token_id] = float("-inf")
     probs = torch.softmax(mask_logits, dim=-1)
     entropies = [-(row[row > 0] * row[row > 0].log()).sum().item() for row in probs]
     adjusted = [h + penalty * (m - offsets[0]) for h, m in zip(entropies, offsets)]
     chosen = [i for i, a in enumerate(adjusted) if threshold is not None and a < threshold]
+    if sure is not None:
+        sure.append(bool(chosen))
     if not chosen:
         chosen = [adjusted.index(min(adjusted))]
     return chosen, [int(row.argmax()) for row in mask_logits]
@@ -98,7 +101,8 @@ def _entropy_rule(mask_logits, mask_token_id: int, threshold, penalty: float, of
 
 class _Hybrid:
     """The default mode that drafts from the context (docs/algorithm.md section 3.m), step by step. Window slots
-    are (token, kind) with kind "final" (AR's own token), "fill" (the entropy rule's) or "copy", or None (a mask)."""
+    are (token, kind) with kind "final" (AR's own token), "sure" or "fill" (the entropy rule's, under its threshold
+    or its fallback) or "copy", or None (a mask)."""
 
     def __init__(self, model, prompt, mask_token_id, window_size, threshold, penalty, max_new_tokens, stop_ids, ngram):
         self.model, self.mask, self.w = model, mask_token_id, window_size
@@ -107,6 +111,7 @@ class _Hybrid:
         self.window: list = []
         self.forwards = 0
         self.rest = {"size": None, "wait": 1, "quiet": 0, "failures": 0}  # the context source (None: no limit)
+        self.masks = None  # the slots the last fill earned (None: no fill yet: W)
         self.done = False
 
     def run(self) -> tuple[list[int], int]:
@@ -129,7 +134,8 @@ class _Hybrid:
         if stop is not None:  # nothing after a filled stop token: no copy, no masks
             del self.window[stop + 1 :]
             return
-        masks = self.w if self.w >= 2 else 0  # the first mask after the run is AR's next token's: one alone is not
+        masks = self.w if first or self.masks is None else min(self.w, self.masks)
+        masks = masks if masks >= 2 else 0  # the first mask after the run is AR's next token's: one alone is not
         if not first and self.copy():
             masks = 0
             if any(s[0] in self.stops for s in self.window[: self.lead()]):
@@ -144,9 +150,9 @@ class _Hybrid:
         if not run or any(t in self.stops for t in pending):
             return False
         limit = min(self.w, COPY_TOKENS, self.room() - run)
-        fills = sum(s[1] == "fill" for s in self.window[1:run])
+        sure = any(s[1] == "sure" for s in self.window[1:run])  # the model is sure there: copy a long match only
         drafts, length = _lookup(self.committed + pending, len(self.committed), self.ngram, limit)
-        if length < (LONG_MATCH if fills else 1):
+        if length < (LONG_MATCH if sure else 1):
             return False
         size = self.rest["size"]
         drafts = drafts[: len(drafts) if size is None else size]
@@ -217,10 +223,12 @@ class _Hybrid:
         still = [(j, slot) for j, slot in still if self.window[slot] is None]
         if not still:
             return
+        sure: list[bool] = []
         chosen, tokens = _entropy_rule(mask_logits[[j for j, _ in still]], self.mask, self.threshold, self.penalty,
-                                       [slot for _, slot in still])  # fmt: skip
+                                       [slot for _, slot in still], sure)  # fmt: skip
         for i in chosen:
-            self.window[still[i][1]] = (tokens[i], "fill")
+            self.window[still[i][1]] = (tokens[i], "sure" if sure[0] else "fill")
+        self.masks = min(self.w, max(2, 4 * len(chosen))) if sure[0] else 2  # four slots per sure fill, two at least
 
     def commit_ending(self) -> None:
         """A run of the final token and fills that reaches a stop token or the budget commits without a forward."""

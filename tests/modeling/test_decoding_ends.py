@@ -53,7 +53,8 @@ def test_each_row_saves_its_last_forward(model64, monkeypatch, name, context, be
         assert forwards == [n - 1 for n in forwards_then]
     else:
         assert all(n - 1 <= f <= n for f, n in zip(forwards, forwards_then))
-        assert forwards != forwards_then  # some row ended on its fills, a forward early
+        if name == "budget":  # every mask filled: the fills reach the budget, and the ending commit saves a forward
+            assert forwards != forwards_then
 
 
 def test_rows_that_keep_logits_still_run_that_forward(model64, monkeypatch):

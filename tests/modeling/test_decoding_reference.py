@@ -149,4 +149,4 @@ def test_the_shipped_model_on_each_family_and_code_equals_reference(shipped64):
         assert out.sequences[0, len(prompt) :].tolist()[: len(expected)] == expected, tokenizer.decode(prompt)
         assert out.wedlm_stats[0].forwards == forwards
         copied += out.wedlm_stats[0].accepted_context_drafts
-    assert copied > 10
+    assert copied > 5

@@ -120,6 +120,14 @@ def test_run_rows_are_computed_only_when_asked():
     for asked in (False, True):
         model.kept = 0
         options = dict(return_dict_in_generate=True, output_logits=True) if asked else {}
-        model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=None, **WEDLM, **options)
+        model.generate(  # (the paper's rule: drafting from the context, AR's token needs the run's rows anyway)
+            ids,
+            attention_mask=mask,
+            max_new_tokens=20,
+            eos_token_id=None,
+            wedlm_context_drafts=False,
+            **WEDLM,
+            **options,
+        )
         kept.append(model.kept)
     assert kept[0] < kept[1]

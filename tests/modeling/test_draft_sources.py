@@ -25,18 +25,28 @@ def test_lossless_rows_draft_from_the_model_then_the_context_and_default_rows_fi
     assert draft_sources(row_with([], lossless=True, context_drafts=False)) == (MODEL_DRAFTS,)
 
 
-def test_default_fills_ask_for_w_masks_and_copies_need_a_long_match_beside_confident_fills():
+def test_default_fills_ask_for_what_the_last_fill_earned_and_copies_need_a_long_match_beside_confident_fills():
     row = row_with([Fill(4, final=True), Fill(10), None], window_size=8)
     assert MODEL_FILLS.place(row, masks=8) == 8 and len(row.window) == 3  # nothing cut: its fills commit anyway
     assert MODEL_FILLS.place(row_with([], window_size=1), masks=1) == 0  # one mask would be AR's next token's slot
+    row.model_window.fitted(8, confident=1)  # a fill the model was sure of: four slots
+    assert MODEL_FILLS.place(row, masks=8) == 4
+    row.model_window.fitted(8, confident=0)  # only the rule's fallback: two, which it fills
+    assert MODEL_FILLS.place(row, masks=8) == 2
+    row.model_window.fitted(8, confident=3)
+    assert MODEL_FILLS.place(row, masks=8) == 8  # up to W
+    row.model_window.fitted(8, confident=0)
+    row.free_width = True  # a wider forward costs next to nothing (an accelerator): W whatever the fills
+    assert MODEL_FILLS.place(row, masks=8) == 8
     text = [1, 2, 3, 4, 9, 8, 7, 3]  # "3 4" occurred before, followed by "9 8 7 3"
     short = row_with([Fill(4, final=True)], text=text)
     assert CONTEXT_DRAFTS.place(short, masks=16) == 0  # no fill of the model's: any match is copied
     assert [slot.token for slot in short.window] == [4, 9, 8, 7, 3]
-    # "3 4" again, with the 4 a fill of the model's: it is sure there, and a match that short is not worth its masks
-    confident = row_with([Fill(3, final=True), Fill(4)], text=text[:7])
+    # "3 4" again, with the 4 a confident fill of the model's: it is sure there, and a match that short is not worth
+    # the masks a copy displaces
+    confident = row_with([Fill(3, final=True), Fill(4, confident=True)], text=text[:7])
     assert CONTEXT_DRAFTS.place(confident, masks=16) == 16 and len(confident.window) == 2
-    unsure = row_with([Fill(3, final=True), Fill(4, source="context")], text=text[:7])  # the same run, no fill
+    unsure = row_with([Fill(3, final=True), Fill(4)], text=text[:7])  # the rule's fallback fill: any match copies
     assert CONTEXT_DRAFTS.place(unsure, masks=16) == 0 and [s.token for s in unsure.window][2:] == [9, 8, 7]
 
 

@@ -25,26 +25,28 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
     if readout.scores is None:
         return
     n_masks, entropies, top, early = readout.scores.shape[1], readout.entropies, readout.top, readout.drawn
-    chosen, slots = [], {}  # (batch row, mask column) of the rows with their own draw, in slot order; their slots
+    chosen, slots, sure = [], {}, {}  # (batch row, mask column) of the rows with their own draw, in slot order;
+    # their slots and whether each passed the threshold
     for b, row in enumerate(rows):
         pairs = open_masks(row, masks[b], n_masks) if masks[b] and not row.done else ()
         if not pairs:
             continue
         settings, columns = row.settings, [c for c, _ in pairs]
-        offsets = [slot for _, slot in pairs]
-        picks = choose_fills(
-            [entropies[b][c] for c in columns], offsets, settings.entropy_threshold, settings.pos_penalty_factor
-        )
+        offsets, row_entropies = [slot for _, slot in pairs], [entropies[b][c] for c in columns]
+        picks = choose_fills(row_entropies, offsets, settings.entropy_threshold, settings.pos_penalty_factor)
         if settings.lossless and picks[0] != 0:  # the leftmost mask is the next draft a verification reaches
             picks = [0, *picks]
+        confident = _confident(picks, row_entropies, offsets, settings)
+        if row.verifies and not settings.lossless:  # the masks the next step feeds: what these earned (3.m)
+            row.model_window.fitted(settings.window_size, sum(confident))
         if not settings.sampler.own_choice:  # the batch's greedy tokens
             window, tops = row.window, top[b]
-            for i in picks:
-                window[offsets[i]] = Fill(int(tops[columns[i]]))
+            for i, sure_i in zip(picks, confident):
+                window[offsets[i]] = Fill(int(tops[columns[i]]), confident=sure_i)
             continue
-        for i in picks:
+        for i, sure_i in zip(picks, confident):
             chosen.append((b, columns[i]))
-            slots[b, columns[i]] = offsets[i]
+            slots[b, columns[i]], sure[b, columns[i]] = offsets[i], sure_i
     if not chosen:
         return
     drawn = _draw(rows, readout.scores, [key for key in chosen if key not in early], slots)
@@ -52,12 +54,20 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
     chosen_distributions(drawn, chosen)
     for b, c in chosen:
         token, q = drawn[b, c]
-        rows[b].window[slots[b, c]] = Fill(token, q=q)
+        rows[b].window[slots[b, c]] = Fill(token, q=q, confident=sure[b, c])
     for b, c in chosen:
         row = rows[b]
         if row.settings.lossless and row.settings.sampler.do_sample:  # a draft drawn after a mask before it was
             slot = slots[b, c]  # filled may have steered that one
             row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
+
+
+def _confident(picks: list[int], entropies: list[float], offsets: list[int], settings) -> list[bool]:
+    """For each pick, whether its adjusted entropy is under the threshold (not the rule's fallback, the lowest)."""
+    threshold, penalty = settings.entropy_threshold, settings.pos_penalty_factor
+    if threshold is None:
+        return [False] * len(picks)
+    return [entropies[i] + penalty * (offsets[i] - offsets[0]) < threshold for i in picks]
 
 
 def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int]], slots: dict) -> dict:

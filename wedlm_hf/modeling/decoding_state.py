@@ -99,7 +99,8 @@ class Fill:
     sampled drafts in lossless mode (see `ArPredictions.judge`). `source`: "model" (a fill by the entropy
     rule), "context" (copied from the context; its q is a point mass), "forced" (the row's grammar allows nothing
     else; a point mass too) or "constrained" (chosen among the tokens the grammar allows, from the AR logits of the
-    slot after the committed text). `guess`: an unconfident choice under a grammar, placed before a fixed string
+    slot after the committed text). `confident`: a model fill whose adjusted entropy passed the threshold (not the
+    fill rule's fallback). `guess`: an unconfident choice under a grammar, placed before a fixed string
     (`grammar_hook.worth_a_guess`); it commits only as AR's own choice there would (`commit_valid`)."""
 
     token: int
@@ -108,6 +109,7 @@ class Fill:
     verifiable: bool = True
     source: str = "model"
     guess: bool = False
+    confident: bool = False
 
 
 @dataclass(eq=False)
@@ -128,7 +130,9 @@ class DecodingRow:
     # how many get accepted, and the index its context copies look up.
     model_window: DraftWindow = field(default_factory=lambda: DraftWindow(smallest=2, size=2))
     context_window: ContextWindow = field(default_factory=ContextWindow)
-    context: object | None = None  # lossless mode: a `ContextIndex` of where each committed token occurs
+    context: object | None = None  # a `ContextIndex` of where each committed token occurs (context drafts)
+    # A forward of more rows costs next to nothing more (an accelerator): a default row's masks stay W (3.m).
+    free_width: bool = False
     # keep_logits: per generated token, the model's AR logits at its position (given the committed text before it);
     # `next_logits` are those of the slot after the committed text, `step_logits` this step's run rows' (row i:
     # slot i + 1's), of which the commit takes one per token.

@@ -68,13 +68,17 @@ class ModelDrafts(DraftSource):
 
 class ModelFills(DraftSource):
     """A verifying default-mode row's own fills (docs/algorithm.md section 3.m): the masks the step fills by the
-    entropy rule, which commit without a check as the paper's rule commits them. W of them after the leading run,
-    none below two: the first slot after the run is taken by AR's next token whenever the run commits whole."""
+    entropy rule, which commit without a check as the paper's rule commits them. As many slots after the leading run
+    as its last fill earned (`DraftWindow.fitted`: four per fill the model was sure of, two where it was sure of
+    nothing), W where a wider forward costs next to nothing (`DecodingRow.free_width`); none below two: the first
+    slot after the run is taken by AR's next token whenever the run commits whole."""
 
     kinds = OWN_SOURCES
 
     def place(self, row: DecodingRow, masks: int) -> int:
-        size = min(masks, row.settings.window_size)
+        window = row.model_window
+        fitted = row.prefilled and not row.free_width and window.held is not None
+        size = min(masks, window.size) if fitted else masks
         return size if size >= 2 else 0
 
     def update(self, row: DecodingRow, checked: int, rejected: bool, paused: bool) -> None:
@@ -97,9 +101,9 @@ class ContextDrafts(DraftSource):
         place of their unverified drafts, which would stand before it and could take it down with them."""
         if not row.prefilled:
             return masks
-        if not row.settings.lossless:  # default mode: where the entropy rule fills, the model is sure; copy only
-            shortest = LONG_MATCH if row.own_drafts() else 1  # a long match there (its fills commit anyway)
-            return 0 if copy_from_context(row, shortest) else masks
+        if not row.settings.lossless:  # default mode: where the rule's fills pass its threshold the model is sure
+            sure = any(slot.confident for slot in row.window[1 : row.leading_run()])  # and copies cost its masks:
+            return 0 if copy_from_context(row, LONG_MATCH if sure else 1) else masks  # a long match only
         held = row.model_window.held
         shortest = LONG_MATCH if held else 1
         if held is None and row.own_drafts():

@@ -36,6 +36,12 @@ class DraftWindow:
     quiet: int = 0
     held: bool | None = None  # whether the last drafts checked were all accepted (None: none checked yet)
 
+    def fitted(self, limit: int, confident: int) -> None:
+        """A default-mode row's masks (docs/algorithm.md section 3.m), after a fill that saw them: GROWTH per fill
+        under the threshold, at least `smallest` (the rule's fallback fill, which commits, is worth its row: a rest
+        that fed AR's token alone measured slower on code and repeating text), at most W (`limit`)."""
+        self.size, self.held = min(limit, max(self.smallest, GROWTH * confident)), confident > 0
+
     def update(self, limit: int, checked: int, rejected: bool, paused: bool = False) -> None:
         if checked:
             self.held = not rejected

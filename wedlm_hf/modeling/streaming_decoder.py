@@ -97,6 +97,7 @@ class StreamingDecoder:
             padding=list(padding or []),
         )
         row.prompt_fed = cached
+        row.free_width = torch.device(self.kv.device).type != "cpu"
         if grammar is not None:  # what the grammar forces first is fed with the prompt and commits with it
             forced = grammar.forced()[: min(settings.max_new_tokens, MAX_FORCED)]
             row.window = [Fill(token, source="forced") for token in forced]
