@@ -33,13 +33,22 @@ def test_inside_the_switch_a_row_is_the_same_and_outside_torch_is_untouched():
 
 
 def test_the_switch_holds_in_the_thread_that_entered_it_only():
+    g = torch.Generator().manual_seed(1)
+    x, w, bias = torch.randn((5, 256), generator=g), torch.randn((128, 256), generator=g), torch.randn(128, generator=g)
+    torch_own = (F.linear(x, w), F.linear(x, w, bias), torch.addmm(bias, x, w.t(), beta=0.5, alpha=2))
     seen = {}
+
+    def other_thread():  # torch's own kernels, bit for bit, while this thread is inside
+        seen["other"] = row_alone_differs()
+        again = (F.linear(x, w), F.linear(x, w, bias), torch.addmm(bias, x, w.t(), beta=0.5, alpha=2))
+        seen["torch's own"] = all(torch.equal(a, b) for a, b in zip(again, torch_own))
+
     with batch_invariant():
-        other = threading.Thread(target=lambda: seen.update(other=row_alone_differs()))
+        other = threading.Thread(target=other_thread)
         other.start()
         other.join()
         seen["this"] = row_alone_differs()
-    assert seen == {"other": True, "this": False}
+    assert seen == {"other": True, "torch's own": True, "this": False}
 
 
 def test_the_switch_nests_and_decorates():
