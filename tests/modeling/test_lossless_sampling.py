@@ -53,15 +53,15 @@ def exact_ar_joint(model, warpers) -> dict[tuple, float]:
 
 @pytest.fixture(scope="module")
 def default_counts(tiny_vocab_model):
-    """The default (not lossless) sampler's counts for a case's settings, drawn once per settings it reads:
-    `wedlm_context_drafts` is read in lossless mode only, so "all-masks" and "model-drafts-only" share their default
-    samples (seeded alike: the same counts)."""
+    """The paper's default sampler's counts for a case's settings (`wedlm_context_drafts=False`: its fills follow
+    the mask predictions, unchecked), drawn once per settings it reads, so "all-masks" and "model-drafts-only",
+    which differ only in `wedlm_context_drafts`, share their default samples (seeded alike: the same counts)."""
     drawn = {}
 
     def counts(settings: dict, before_read: bool) -> dict:
         key = (before_read, tuple(sorted((k, v) for k, v in settings.items() if k != "wedlm_context_drafts")))
         if key not in drawn:
-            drawn[key] = sample_counts(tiny_vocab_model, **settings)
+            drawn[key] = sample_counts(tiny_vocab_model, **{**settings, "wedlm_context_drafts": False})
         return drawn[key]
 
     return counts
