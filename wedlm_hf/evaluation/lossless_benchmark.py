@@ -233,6 +233,7 @@ def _family_row(family: str, cases: list, decoders: _Decoders, outputs, timings,
         return row[a]["tokens_per_s"] / row[b]["tokens_per_s"]
 
     row["lossless_vs_ar"] = faster("lossless", "AR")
+    row["wedlm_vs_ar"], row["wedlm_vs_lossless"] = faster("WeDLM", "AR"), faster("WeDLM", "lossless")
     row["lossless_vs_prompt_lookup"] = faster("lossless", "prompt lookup")
     # The same ratio within each timed run alone (its prompts' single timings): how far the machine's noise moves
     # it, beside the best-of ratio.
@@ -246,6 +247,8 @@ def _family_row(family: str, cases: list, decoders: _Decoders, outputs, timings,
         row["lossless_compiled_vs_prompt_lookup"] = faster("lossless compiled", "prompt lookup")
         row["lossless_compiled_vs_lossless"] = faster("lossless compiled", "lossless")
         row["wedlm_compiled_vs_wedlm"] = faster("WeDLM compiled", "WeDLM")
+        row["wedlm_compiled_vs_ar_compiled"] = faster("WeDLM compiled", "AR compiled")
+        row["wedlm_compiled_vs_lossless_compiled"] = faster("WeDLM compiled", "lossless compiled")
         row["ar_compiled_vs_ar"] = faster("AR compiled", "AR")
     return row
 
@@ -267,8 +270,9 @@ def _log_tables(log, rows: dict, compile: str | None) -> None:
     """The legend and the table; `compile`: how the compiled decoders compiled, where they ran (their table)."""
     log(
         "tokens/s: AR = generate(do_sample=False), PLD = prompt_lookup_num_tokens=10, WeDLM = strategy='wedlm', "
-        "LL = lossless, LL-ctx = lossless without context drafts; tok = AR's tokens; acc model/ctx = LL's accepted "
-        "drafts by source; LL/PLD runs = lowest and highest LL/PLD of the single timed runs"
+        "LL = lossless, LL-ctx = lossless without context drafts; tok = AR's tokens; tok/fwd = tokens per forward; "
+        "acc model/ctx = LL's accepted drafts by source; LL/PLD runs = lowest and highest LL/PLD of the single timed "
+        "runs"
     )
     log(format_table(rows))
     if compile is not None:
@@ -283,9 +287,12 @@ TABLE = (
     Column("family", 11, align="<"),
     Column("tok", 5),
     *(Column(title, 8, ".0f") for title in ("AR", "PLD", "WeDLM", "LL", "LL-ctx")),  # DECODERS' tokens/s
+    ratio_column("WeDLM/AR", 9),
+    ratio_column("WeDLM/LL", 9),
     ratio_column("LL/AR", 8),
     ratio_column("LL/PLD", 8),
-    Column("tok/fwd LL", 11, ".2f"),
+    Column("tok/fwd WeDLM", 14, ".2f"),
+    Column("LL", 6, ".2f"),
     Column("LL-ctx", 7, ".2f"),
     Column("acc model/ctx", 15),
     Column("LL/PLD runs", 13),
@@ -298,7 +305,8 @@ def format_table(rows: dict) -> str:
     for family, r in rows.items():
         ll, runs = r["lossless"], r["lossless_vs_prompt_lookup_per_run"]
         values = [family, r["AR"]["tokens"], *(r[name]["tokens_per_s"] for name in DECODERS)]
-        values += [r["lossless_vs_ar"], r["lossless_vs_prompt_lookup"], ll["tokens_per_forward"]]
+        values += [r["wedlm_vs_ar"], r["wedlm_vs_lossless"], r["lossless_vs_ar"], r["lossless_vs_prompt_lookup"]]
+        values += [r["WeDLM"]["tokens_per_forward"], ll["tokens_per_forward"]]
         values += [r["lossless, no context drafts"]["tokens_per_forward"]]
         values += [f"{ll['accepted_model_drafts']:>9}/{ll['accepted_context_drafts']:<5}"]
         values += [f"{min(runs):.2f}-{max(runs):.2f}"]
@@ -310,11 +318,14 @@ COMPILED_TABLE = (
     Column("family", 11, align="<"),
     Column("tok", 5),
     *(Column(title, 8, ".0f") for title in ("ARc", "WeDLMc", "LLc")),  # COMPILED_DECODERS' tokens/s
-    *(ratio_column(title, 13) for title in ("LLc/ARc", "LLc/PLD", "ARc/AR", "WeDLMc/WeDLM", "LLc/LL")),
+    *(ratio_column(title, 13) for title in ("WeDLMc/ARc", "WeDLMc/LLc", "LLc/ARc", "LLc/PLD", "ARc/AR")),
+    *(ratio_column(title, 13) for title in ("WeDLMc/WeDLM", "LLc/LL")),
     Column("tok/fwd LLc", 13, ".2f"),
 )
 COMPILED_COLUMNS = tuple(column.title for column in COMPILED_TABLE[:10])
 COMPILED_RATIOS = (
+    "wedlm_compiled_vs_ar_compiled",
+    "wedlm_compiled_vs_lossless_compiled",
     "lossless_compiled_vs_ar_compiled",
     "lossless_compiled_vs_prompt_lookup",
     "ar_compiled_vs_ar",
