@@ -31,7 +31,7 @@ def test_every_cell_is_measured_and_reported():
         compile_backend="eager",  # the static-cache plumbing, without compiling
         log=lines.append,
     )
-    assert set(report) == {1, 2}
+    assert set(report) == {1, 2, "per_added_row"}
     for batch in (1, 2):
         seconds = report[batch]["seconds_per_step"]
         assert set(seconds) == {"AR eager", "WeDLM eager", "AR static+compiled", "WeDLM static+compiled"}
@@ -51,3 +51,12 @@ def test_every_cell_is_measured_and_reported():
         ratio = cell["forward_seconds_per_step"][f"WeDLM {mode}"] / cell["seconds_per_step"][f"AR {mode}"]
         assert line.startswith(f"batch {batch:>3}, {mode}") and line.endswith(f"alone: {ratio:4.2f}x AR's step")
     assert build_parser().parse_args(["bench-step", "--batches", "1", "4"]).batches == [1, 4]
+    assert build_parser().parse_args(["bench-step"]).batches == [1, 16, 64]
+    # Host work counted per step: AR's does not grow with the batch, WeDLM's does (issue 57's measure)
+    counts = {batch: report[batch]["calls_and_ops_per_step"] for batch in (1, 2)}
+    assert set(counts[1]) == {"AR generate", "WeDLM default", "WeDLM lossless", "WeDLM sampled"}
+    assert counts[2]["AR generate"] == counts[1]["AR generate"]
+    assert all(counts[2][mode][0] > counts[1][mode][0] for mode in counts[1] if mode != "AR generate")
+    added = report["per_added_row"]
+    assert added["WeDLM default"][0] == counts[2]["WeDLM default"][0] - counts[1]["WeDLM default"][0]
+    assert any(line.startswith("WeDLM default") and line.endswith(("PASS", "FAIL")) for line in lines)

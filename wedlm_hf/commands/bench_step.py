@@ -9,7 +9,7 @@ RUNS = "evaluation.step_benchmark:bench_step_command"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--batches", type=positive_int, nargs="+", default=[1, 16], help="batch sizes to measure")
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=[1, 16, 64], help="batch sizes to measure")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per cell, interleaved (best shown)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     add_json_output(parser)

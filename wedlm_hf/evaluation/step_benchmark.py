@@ -30,6 +30,7 @@ from .bench_report import parameter_count, write_json
 from .benchmark import random_model
 from .compiled_forward import compiled_forward, swapped_forward
 from .interleaved_runs import interleave
+from .step_calls import MODES, log_counts, per_step_counts
 
 STEP_MODEL = dict(
     hidden_size=64,
@@ -201,7 +202,7 @@ def _sampled_host_reads(model, prompts: torch.Tensor, window: int, lengths: tupl
 
 def run_step_benchmark(
     model=None,
-    batches: tuple[int, ...] = (1, 16),
+    batches: tuple[int, ...] = (1, 16, 64),
     window: int = 16,
     ar_tokens: tuple[int, int] = (96, 32),
     wedlm_windows: tuple[int, int] = (12, 4),
@@ -225,11 +226,11 @@ def run_step_benchmark(
         + (f"; compiled: torch.compile backend {compile_backend!r}, static cache" if compile else "")
     )
     g = torch.Generator().manual_seed(0)
-    report = {}
+    report, counts = {}, {}
+    wedlm_lengths = tuple(k * window for k in wedlm_windows)
     for batch in batches:
         prompts = torch.randint(0, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(model.device)
         runs = _decoders(model, prompts, window, compiled)
-        wedlm_lengths = tuple(k * window for k in wedlm_windows)
         lengths = {name: ar_tokens if name.startswith("AR") else wedlm_lengths for name in runs}
         seconds, forward = _per_step(runs, lengths, repeats)
         reads = _host_reads(runs, lengths) | _sampled_host_reads(model, prompts, window, wedlm_lengths)
@@ -254,6 +255,12 @@ def run_step_benchmark(
             f"{reads['WeDLM eager']:.1f}, WeDLM sampled {reads['WeDLM sampled']:.1f}, lossless sampled "
             f"{reads['lossless sampled']:.1f} (target 1)"
         )
+        counted = {mode: ar_tokens if mode.startswith("AR") else wedlm_lengths for mode in ("AR", "WeDLM")}
+        lengths_of = {mode: counted["AR" if mode.startswith("AR") else "WeDLM"] for mode in MODES}
+        counts[batch] = per_step_counts(model, prompts, window, lengths_of)
+        report[batch]["calls_and_ops_per_step"] = counts[batch]
+    if len(counts) > 1:
+        report["per_added_row"] = log_counts(log, counts)
     return report
 
 
