@@ -219,7 +219,7 @@ def test_serve_compile_reaches_the_engine_and_the_startup_line(capsys, monkeypat
         loaded.append(kwargs)
         compiled = object() if kwargs["compile_config"] is not None else None
         dtype = "float32" if kwargs["dtype"] == "auto" else kwargs["dtype"]  # (the CLI's choice reaches the load)
-        scheduler = types.SimpleNamespace(compiled=compiled)
+        scheduler = types.SimpleNamespace(compiled=compiled, batch_invariant=False)
         return types.SimpleNamespace(model_id="m", dtype=dtype, quantization=None, scheduler=scheduler)
 
     class Server:
