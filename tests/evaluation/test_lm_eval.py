@@ -1,10 +1,11 @@
 """lm-evaluation-harness runs the shipped model as a Hub checkpoint, with AR and with WeDLM decoding, alike.
 
-The real `lm_eval` command, in a subprocess that never imports wedlm_hf, loads `default_model_path()` with
-`trust_remote_code=True` (the folder's own remote code) and scores two small local `generate_until` tasks on
-counting prompts the shipped model answers correctly: one that stops at the end token, one whose stop string fires
-mid-answer at a different place in each row (lm-eval's stop criterion then decides, batch-wide). `--gen_kwargs
-strategy=wedlm` must change the decoder, not the answers: at batch size 1 and 4, every run gives the same responses.
+The real `lm_eval` command (and lm-eval's Python entry point, for the other runs in one interpreter), in a
+subprocess that never imports wedlm_hf, loads `default_model_path()` with `trust_remote_code=True` (the folder's own
+remote code) and scores two small local `generate_until` tasks on counting prompts the shipped model answers
+correctly: one that stops at the end token, one whose stop string fires mid-answer at a different place in each row
+(lm-eval's stop criterion then decides, batch-wide). `--gen_kwargs strategy=wedlm` must change the decoder, not the
+answers: at batch size 1 and 4, every run gives the same responses.
 """
 
 import json
@@ -12,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -116,16 +118,50 @@ def run_lm_eval(task_dir: Path, out: Path, batch_size: int, gen_kwargs: str | No
     return found
 
 
-def test_lm_eval_scores_ar_and_wedlm_decoding_alike(task_dir, tmp_path):
-    runs = {}
-    for strategy in (None, "strategy=wedlm"):
-        for batch_size in (1, 4):
-            out = tmp_path / f"{strategy or 'ar'}-bs{batch_size}"
-            runs[f"{strategy or 'ar'}, batch size {batch_size}"] = run_lm_eval(task_dir, out, batch_size, strategy)
-    failed = {run: error for run, error in runs.items() if isinstance(error, str)}
-    assert not failed, "\n\n".join(f"lm_eval failed ({run}):\n{error}" for run, error in failed.items())
-    reference = runs["ar, batch size 1"]
+# The other runs, through lm-eval's own Python entry point in one fresh interpreter (where wedlm_hf cannot be
+# imported, as for the command): lm-eval's start and the model's load once, not once per run.
+IN_PROCESS = """
+    import json, os, sys
+
+    task_dir, model_dir, cache, runs = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    os.environ.update(HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=cache, TOKENIZERS_PARALLELISM="false")
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager, found = TaskManager(include_path=task_dir), {}
+    for name, (batch_size, gen_kwargs) in runs.items():
+        out = simple_evaluate(
+            model="hf", model_args=f"pretrained={model_dir},trust_remote_code=True,dtype=float32", device="cpu",
+            tasks=list(TASKS), task_manager=manager, batch_size=batch_size, gen_kwargs=gen_kwargs, log_samples=True,
+        )
+        found[name] = {
+            task: [out["results"][task]["exact_match,none"], {str(s["doc_id"]): s["filtered_resps"] for s in samples}]
+            for task, samples in out["samples"].items()
+        }
+    print("RESULT " + json.dumps(found))
+"""
+
+
+def test_lm_eval_scores_ar_and_wedlm_decoding_alike(task_dir, tmp_path, monkeypatch):
+    """The command (WeDLM at batch size 4, `--gen_kwargs strategy=wedlm` as users pass it) and lm-eval's Python
+    entry point (AR at batch sizes 1 and 4, WeDLM at 1) give the same responses and scores."""
+    from conftest import run_without_wedlm_hf
+
+    command = run_lm_eval(task_dir, tmp_path / "wedlm-bs4", 4, "strategy=wedlm")
+    assert not isinstance(command, str), f"lm_eval failed (strategy=wedlm, batch size 4):\n{command}"
+    runs = {"ar, batch size 1": (1, None), "ar, batch size 4": (4, None), "wedlm, batch size 1": (1, "strategy=wedlm")}
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    script = "TASKS = " + repr(list(TASKS)) + "\n" + textwrap.dedent(IN_PROCESS)
+    found = run_without_wedlm_hf(
+        script, [str(task_dir), str(default_model_path()), str(tmp_path / "datasets"), json.dumps(runs)], tmp_path
+    )
+    found["wedlm, batch size 4 (the command)"] = {
+        task: [score, {str(doc): responses for doc, responses in by_doc.items()}]
+        for task, (score, by_doc) in command.items()
+    }
+    reference = found["ar, batch size 1"]
     for task, (score, responses) in reference.items():
         assert score > 0 and len(responses) == 6, (task, score)  # meaningful: the shipped model gets items right
-    for run, found in runs.items():
-        assert found == reference, f"{run} differs from AR at batch size 1"
+    assert set(reference) == set(TASKS)
+    for run, result in found.items():
+        assert result == reference, f"{run} differs from AR at batch size 1"
