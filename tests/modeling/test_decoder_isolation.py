@@ -13,6 +13,7 @@ from transformers import (
 )
 
 from wedlm_hf.modeling.decoding_state import DecodingSettings
+from wedlm_hf.modeling.step_cost import keys_per_row, step_cost
 from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
 from wedlm_hf.modeling.window_filling import FillSampler
 
@@ -144,6 +145,40 @@ def test_a_token_budget_alone_prefills_in_chunks_and_keeps_the_answer(model):
         widths.close()
     assert chunked == expected
     assert max(w for _, w in widths.shapes) <= 32 and widths.shapes[0][1] < len(ids)
+
+
+class Costs(Widths):
+    """Records (batch, width, keys) of every forward: its token rows and the keys each reads."""
+
+    def hook(self, module, args, kwargs):
+        batch, width = kwargs["input_ids"].shape
+        self.shapes.append((batch, width, kwargs["attention_mask"].shape[-1]))
+
+
+def test_beside_decoding_rows_a_long_prompt_is_chunked_by_its_cost(model):
+    """The budget counts attention as token rows (`step_cost`): while rows decode, the joining prompt's chunks get
+    shorter as its context grows, each step costing about the budget at most; the tokens are an unbounded run's."""
+    budget, long_prompt = 120, prompt(420, seed=10)
+    endless = DecodingSettings(sampler=GREEDY, window_size=8, entropy_threshold=0.05, max_new_tokens=120)
+    plan = [(0, prompt(5, seed=s), endless) for s in (7, 8)] + [(2, long_prompt, settings(window_size=8))]
+    costs = Costs(model)
+    try:
+        free = run(model, plan)
+        costs.shapes.clear()
+        bounded = run(model, plan, token_budget=budget)
+    finally:
+        costs.close()
+    assert bounded == free
+    keys = keys_per_row(model.config)
+    assert 200 <= keys <= 400  # the tiny model's: about six times its hidden size (64)
+    steps = [(width, read) for batch, width, read in costs.shapes if batch == 3]
+    last = next(i for i, (_, read) in enumerate(steps) if read >= len(long_prompt))  # its last chunk's step
+    chunks = steps[: last + 1]
+    widths = [width for width, _ in chunks]
+    assert len(chunks) > len(long_prompt) // (budget // 3), widths  # more steps than counting token rows alone
+    assert widths == sorted(widths, reverse=True) and widths[0] >= 2 * widths[-1], widths
+    # The estimate counts the context the rows hold; the cache also keeps a few dead columns (`RaggedCache`).
+    assert max(step_cost(3, width, read, keys) for width, read in chunks) <= 1.15 * budget, chunks
 
 
 def test_token_budget_must_be_positive(model):

@@ -32,6 +32,7 @@ from .decoding_state import DecodingRow, DecodingSettings, Fill
 from .draft_verification import device_index, greedy_predictions, host_predictions
 from .grammar_hook import MAX_FORCED, constrain_window, restrict_to_grammar
 from .ragged_cache import RaggedCache
+from .step_cost import keys_per_row, prompt_cap
 from .step_draws import draws_before_read
 from .step_feed import StepFeed, build_feed, logit_columns, open_masks
 from .step_readout import StepReadout, read_step
@@ -51,7 +52,9 @@ class StreamingDecoder:
 
     `token_budget` bounds the token rows one forward feeds (batch x width, padding included): a joining prompt
     that would widen the forward past it is prefilled in chunks over several steps, its window joining with the
-    last chunk. The budget is soft by at most one window per row: every step feeds every decoding row's window.
+    last chunk. Beside rows that decode, a chunk's attention counts as token rows too (`step_cost`), so a long
+    context's chunks are shorter. The budget is soft by at most one window per row: every step feeds every decoding
+    row's window.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class StreamingDecoder:
         self.mask_token_id = mask_token_id
         self.keep_cache = keep_cache
         self.token_budget = token_budget
+        self._keys_per_row = keys_per_row(model.config)
         self.kv: DecodingCache = (
             cache if hasattr(cache, "keep_leading") else RaggedCache(model, 0, max_dead=16, cache=cache)
         )
@@ -176,11 +180,20 @@ class StreamingDecoder:
         return self.active
 
     def _prompt_cap(self, rows: list[DecodingRow]) -> int | None:
-        """The prompt tokens a joining row may feed this step under the token budget (None: no budget)."""
+        """The prompt tokens a joining row may feed this step under the token budget (None: no budget). Beside
+        decoding rows, the step's attention counts too (`step_cost`): a chunk is as long as keeps the step within
+        the budget at the context it reaches, so that rows already decoding never wait on a costly step."""
         if self.token_budget is None:
             return None
-        decoding = max((len(row.window) for row in rows if row.prefilled), default=0)
-        return max(decoding, self.token_budget // len(rows), 1)
+        decoding = [row for row in rows if row.prefilled]
+        joining = [row for row in rows if not row.prefilled]
+        width = max((len(row.window) for row in decoding), default=0)
+        if not decoding or not joining or self._keys_per_row is None:
+            return max(width, self.token_budget // len(rows), 1)
+        context = max(row.committed + len(row.window) for row in decoding)
+        fed = max(row.prompt_fed for row in joining)
+        remaining = max(len(row.prompt) - row.prompt_fed for row in joining)
+        return prompt_cap(self.token_budget, len(rows), width, context, fed, remaining, self._keys_per_row)
 
     def _commit(self, rows, feed: StepFeed, logits, ar_rows: dict, readout: StepReadout):
         """Phase 5: each row's commit rule; the cache keeps a joining row's prompt (the first columns it was fed)
