@@ -9,7 +9,7 @@ from wedlm_hf.evaluation.streaming_clients import LevelResult
 
 
 def result(server: str, clients: int, tokens_per_s: float) -> LevelResult:
-    return LevelResult(server, clients, clients, 1.0, 1.0, tokens_per_s, 0.1, 0.2, 0.3)
+    return LevelResult(server, clients, clients, 1.0, 1.0, tokens_per_s, 0.1, 0.2, 0.3, 0.01, 0.02)
 
 
 def test_the_switch_is_a_server_of_its_own_reported_against_wedlm_at_every_level():

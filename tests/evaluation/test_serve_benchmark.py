@@ -25,6 +25,7 @@ def test_clients_measure_a_live_server():
         assert server.health()["completed"] == 6
     assert result.requests == 6 and result.tokens_per_s > 0 and result.requests_per_s > 0
     assert 0 < result.ttft_p50 <= result.latency_p50 <= result.latency_p95
+    assert 0 < result.gap_p50 <= result.gap_max < result.latency_p95  # 8 tokens come in several pieces
 
 
 def test_prompts_percentiles_and_baseline_commands():
@@ -37,15 +38,29 @@ def test_prompts_percentiles_and_baseline_commands():
 
 
 def test_bench_serve_command_runs_serve_and_its_batch_size_1_twin(tmp_path, capsys):
+    """With the long-prompt workload: one of the two requests fills the shipped model's context."""
     out = tmp_path / "bench.json"
     cli(
         ["bench-serve", "--servers", "wedlm", "wedlm-b1", "--clients", "2", "--requests", "1", "--max-tokens", "8"]
-        + ["--json", str(out)]
+        + ["--workload", "long-prompt", "--json", str(out)]
     )
     printed = capsys.readouterr().out
     assert "transformers serve" not in printed and "wedlm / wedlm-b1 output tokens/s at 2 clients" in printed
+    assert "gap max" in printed
     rows = json.loads(out.read_text())
     assert [(r["server"], r["clients"], r["requests"]) for r in rows] == [("wedlm", 2, 2), ("wedlm-b1", 2, 2)]
+    assert all(r["gap_max"] >= r["gap_p50"] > 0 for r in rows)
+
+
+def test_the_long_prompt_workload_fills_the_context_but_the_answer():
+    from wedlm_hf.evaluation.serve_benchmark import long_prompt_prompts
+
+    def count_tokens(text):
+        return len(text.split())
+
+    prompts = long_prompt_prompts(6, count_tokens, 300)
+    assert 290 <= count_tokens(prompts[1]) <= 300 and prompts[1].startswith("copy: ") and prompts[1].endswith(" =>")
+    assert prompts[:1] + prompts[2:] == bench_prompts(6)[:1] + bench_prompts(6)[2:]
 
 
 def test_bench_serve_refuses_unknown_servers(capsys):

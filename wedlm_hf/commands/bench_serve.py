@@ -15,10 +15,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="max_tokens of every request")
     parser.add_argument(
         "--workload",
-        choices=["mixed", "shared-prefix"],
+        choices=["mixed", "shared-prefix", "long-prompt"],
         default="mixed",
         help="mixed: short counting and copying prompts; shared-prefix: a common ~600-token start and a short "
-        "question each (default servers: wedlm and wedlm-nocache, the same without its prefix cache)",
+        "question each (default servers: wedlm and wedlm-nocache, the same without its prefix cache); long-prompt: "
+        "mixed, one request of each level as long as the context allows, joining running streams (default server: "
+        "wedlm; `gap max`: the longest wait between a stream's pieces)",
     )
     parser.add_argument(
         "--servers",

@@ -19,6 +19,9 @@ best round is kept, so that a busy machine slows every server alike. With one ro
 
 `--workload shared-prefix` sends prompts that share a ~600-token start (a system prompt, a few-shot block) and end
 in a short question each, to `wedlm` against `wedlm-nocache` (the same server with `--prefix-cache-tokens 0`).
+`--workload long-prompt` is the mixed one where one request of each level (the first client's second) is a copying
+prompt as long as the model's context allows: the others' streams are running when it joins, and the longest gap
+between a stream's pieces (`gap max`) is the costliest step they sat through while its prompt was prefilled.
 """
 
 import json
@@ -51,19 +54,39 @@ _WORDS = (
 ).split()
 
 
-WORKLOADS = ("mixed", "shared-prefix")
-_DEFAULT_SERVERS = {"mixed": ("wedlm", "wedlm-b1", "tf", "tf-cb"), "shared-prefix": ("wedlm", "wedlm-nocache")}
+WORKLOADS = ("mixed", "shared-prefix", "long-prompt")
+_DEFAULT_SERVERS = {
+    "mixed": ("wedlm", "wedlm-b1", "tf", "tf-cb"),
+    "shared-prefix": ("wedlm", "wedlm-nocache"),
+    "long-prompt": ("wedlm",),
+}
 SHARED_PREFIX_TOKENS = 600  # the shared-prefix workload: a common start this long (the shipped context is 1,024)
 
 
 def shared_prefix_prompts(count: int, count_tokens, seed: int = 0) -> list[str]:
     """A common start of about SHARED_PREFIX_TOKENS tokens (a long copying list, as a system prompt or few-shot
     block would be), then a short question of each request's own."""
-    rng = random.Random(f"shared-{seed}")
-    prefix = "copy:"
-    while count_tokens(prefix) < SHARED_PREFIX_TOKENS:
-        prefix += " " + " ".join(rng.choice(_WORDS) for _ in range(10))
+    prefix = _word_list(SHARED_PREFIX_TOKENS, count_tokens, random.Random(f"shared-{seed}"))
     return [prefix + f" => ok.\n{question}" for question in bench_prompts(count, seed)]
+
+
+def long_prompt_prompts(count: int, count_tokens, tokens: int, seed: int = 0) -> list[str]:
+    """The mixed prompts, the second a copying prompt of about `tokens` tokens (at most)."""
+    prompts = bench_prompts(count, seed)
+    prompts[1 % count] = _word_list(tokens - 2, count_tokens, random.Random(f"long-{seed}"), at_most=True) + " =>"
+    return prompts
+
+
+def _word_list(tokens: int, count_tokens, rng: random.Random, at_most: bool = False) -> str:
+    """A copying list (words the shipped model learned to copy) of `tokens` tokens or just past it (`at_most`: just
+    short of it)."""
+    text = "copy:"
+    while count_tokens(text) < tokens:
+        longer = text + " " + rng.choice(_WORDS)
+        if at_most and count_tokens(longer) > tokens:
+            break
+        text = longer
+    return text
 
 
 def bench_prompts(count: int, seed: int = 0) -> list[str]:
@@ -124,7 +147,7 @@ def bench_serve(
     rounds: int = 1,
     print_fn=print,
 ) -> list[LevelResult]:
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging
 
     logging.disable_progress_bar()
@@ -143,7 +166,13 @@ def bench_serve(
         print_fn("transformers serve rows skipped: pass --transformers-serve-python (a Python with transformers>=5.24)")
         wanted = [s for s in wanted if not s.startswith("tf")]
     count = max(clients) * requests_per_client
-    prompts = shared_prefix_prompts(count, count_tokens) if workload == "shared-prefix" else bench_prompts(count)
+    if workload == "shared-prefix":
+        prompts = shared_prefix_prompts(count, count_tokens)
+    elif workload == "long-prompt":  # as long as the context leaves room for the answer
+        context = getattr(AutoConfig.from_pretrained(model_dir).get_text_config(), "max_position_embeddings", 4096)
+        prompts = long_prompt_prompts(count, count_tokens, context - max_tokens - 16)
+    else:
+        prompts = bench_prompts(count)
 
     names: dict[str, str] = {}  # what each server calls its model
     stock_dir = None
@@ -238,13 +267,16 @@ COLUMNS = [
     Column("TTFT p50", 9, ".3f", "s"),
     Column("lat p50", 8, ".2f", "s"),
     Column("lat p95", 8, ".2f", "s"),
+    Column("gap p50", 8, ".3f", "s"),
+    Column("gap max", 8, ".3f", "s"),
 ]
 HEADER = table_head(COLUMNS, sep=" ")
 
 
 def _row(r: LevelResult) -> str:
     values = [r.server, r.clients, r.requests, r.requests_per_s, r.tokens_per_s]
-    return table_row(COLUMNS, [*values, r.ttft_p50, r.latency_p50, r.latency_p95], sep=" ")
+    timings = [r.ttft_p50, r.latency_p50, r.latency_p95, r.gap_p50, r.gap_max]
+    return table_row(COLUMNS, [*values, *timings], sep=" ")
 
 
 def summary(results: list[LevelResult]) -> list[str]:

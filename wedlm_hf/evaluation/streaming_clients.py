@@ -1,5 +1,6 @@
 """Concurrent streaming clients against one OpenAI-compatible server, timed: what `wedlm-hf bench-serve` measures at
-each concurrency level (requests/s, output tokens/s, time to first token and latency percentiles)."""
+each concurrency level (requests/s, output tokens/s, time to first token, latency percentiles, and the gaps between a
+stream's pieces: the longest is the costliest step a stream sat through)."""
 
 import asyncio
 import json
@@ -13,6 +14,7 @@ class RequestTiming:
     ttft: float
     latency: float
     tokens: int
+    gaps: list[float]  # seconds between a stream's consecutive text pieces
 
 
 @dataclass
@@ -26,6 +28,8 @@ class LevelResult:
     ttft_p50: float
     latency_p50: float
     latency_p95: float
+    gap_p50: float  # over every gap of every stream (0 where no stream sent two pieces)
+    gap_max: float
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -43,7 +47,7 @@ async def _request(http, url: str, model: str, prompt: str, max_tokens: int, cou
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    start, first, pieces, tokens = time.perf_counter(), None, [], None
+    start, arrivals, pieces, tokens = time.perf_counter(), [], [], None
     async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{url}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
@@ -60,12 +64,13 @@ async def _request(http, url: str, model: str, prompt: str, max_tokens: int, cou
                 tokens = chunk["usage"]["completion_tokens"]
             for choice in chunk.get("choices") or []:
                 if choice.get("text"):
-                    first = first or time.perf_counter()
+                    arrivals.append(time.perf_counter())
                     pieces.append(choice["text"])
     end = time.perf_counter()
     if tokens is None:
         tokens = count_tokens("".join(pieces))
-    return RequestTiming((first or end) - start, end - start, tokens)
+    gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:])]
+    return RequestTiming((arrivals[0] if arrivals else end) - start, end - start, tokens, gaps)
 
 
 async def _level(url, model, clients, requests_per_client, prompts, max_tokens, count_tokens):
@@ -101,7 +106,7 @@ def run_level(
     timings, seconds = asyncio.run(
         _level(url, model, clients, requests_per_client, prompts, max_tokens, count_tokens or _no_count)
     )
-    latencies = [t.latency for t in timings]
+    latencies, gaps = [t.latency for t in timings], [gap for t in timings for gap in t.gaps] or [0.0]
     return LevelResult(
         server=server,
         clients=clients,
@@ -112,6 +117,8 @@ def run_level(
         ttft_p50=percentile([t.ttft for t in timings], 50),
         latency_p50=percentile(latencies, 50),
         latency_p95=percentile(latencies, 95),
+        gap_p50=percentile(gaps, 50),
+        gap_max=max(gaps),
     )
 
 
