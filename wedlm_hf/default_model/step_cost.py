@@ -1,0 +1,1 @@
+../modeling/step_cost.py
