@@ -102,7 +102,7 @@ def _entropy_rule(mask_logits, mask_token_id: int, threshold, penalty: float, of
 class _Hybrid:
     """The default mode that drafts from the context (docs/algorithm.md section 3.m), step by step. Window slots
     are (token, kind) with kind "final" (AR's own token), "sure" or "fill" (the entropy rule's, under its threshold
-    or its fallback) or "copy", or None (a mask)."""
+    or its fallback, which AR judges as it judges a copy) or "copy", or None (a mask)."""
 
     def __init__(self, model, prompt, mask_token_id, window_size, threshold, penalty, max_new_tokens, stop_ids, ngram):
         self.model, self.mask, self.w = model, mask_token_id, window_size
@@ -183,15 +183,15 @@ class _Hybrid:
             row[self.mask] = float("-inf")
             return int(row.argmax())
 
-        accepted, replacement, checked, rejected = (0 if first else 1), None, 0, False
+        accepted, replacement, checked, rejected, copy_failed = (0 if first else 1), None, 0, False, False
         ends = not first and (window[0][0] in self.stops or self.room() <= 1)
         if not ends:
             for i in range(accepted, run):
                 token, kind = window[i]
-                if kind == "copy":
-                    checked += 1
+                if kind in ("copy", "fill"):  # a copy, or the fallback fill: AR judges them
+                    checked += kind == "copy"
                     if ar(i) != token:
-                        replacement, rejected = ar(i), True
+                        replacement, rejected, copy_failed = ar(i), True, kind == "copy"
                         break
                 accepted += 1
                 if token in self.stops or accepted >= self.room():
@@ -199,7 +199,7 @@ class _Hybrid:
                     break
             else:
                 replacement = ar(run)
-        self.rested(checked, rejected)
+        self.rested(checked, copy_failed)
         self.commit([s[0] for s in window[:accepted]])
         del window[:accepted]
         if not self.done and not ends and replacement is not None:
@@ -228,12 +228,14 @@ class _Hybrid:
                                        [slot for _, slot in still], sure)  # fmt: skip
         for i in chosen:
             self.window[still[i][1]] = (tokens[i], "sure" if sure[0] else "fill")
+        if chosen[0] != 0:  # the leftmost open mask too, a draft for AR to judge: the next one a check reaches
+            self.window[still[0][1]] = (tokens[0], "fill")
         self.masks = min(self.w, max(2, 4 * len(chosen))) if sure[0] else 2  # four slots per sure fill, two at least
 
     def commit_ending(self) -> None:
         """A run of the final token and fills that reaches a stop token or the budget commits without a forward."""
         run = self.lead()
-        run = next((i for i in range(run) if self.window[i][1] == "copy"), run)
+        run = next((i for i in range(run) if self.window[i][1] in ("copy", "fill")), run)
         tokens = [s[0] for s in self.window[:run]]
         stop = next((i + 1 for i, t in enumerate(tokens) if t in self.stops), None)
         end = stop if stop is not None else (self.room() if run >= self.room() else 0)

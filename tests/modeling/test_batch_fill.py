@@ -55,7 +55,7 @@ def expected_fills(row: DecodingRow, masks: list[int], logits: torch.Tensor) -> 
     picks = choose_fills(
         [entropies[c] for c in columns], slots, settings.entropy_threshold, settings.pos_penalty_factor
     )
-    if settings.lossless and 0 not in picks:
+    if row.verifies and 0 not in picks:
         picks = [0, *picks]
     top = greedy(scores).tolist()
     return {slots[i]: top[columns[i]] for i in picks}
@@ -81,23 +81,29 @@ def test_the_batch_fill_chooses_what_the_rule_chooses_row_by_row():
             assert all(new is slot for new, slot in zip(row.window, old) if slot is not None)
 
 
-def test_a_lossless_row_always_drafts_its_leftmost_mask():
-    """Only a draft right after the leading run can be verified by the next forward: lossless mode fills the
-    leftmost mask even where the model is unsure (default mode keeps the entropy rule alone)."""
-    logits = torch.zeros((2, 3, 8))  # slots 1, 2, 3 (masks are right-aligned): uniform, uniform, confident
+def test_a_verifying_row_always_drafts_its_leftmost_mask():
+    """Only a draft right after the leading run can be verified by the next forward: lossless mode, and the default
+    mode drafting from the context, fill the leftmost mask even where the model is unsure, a draft AR judges (the
+    paper's rule keeps the entropy rule alone)."""
+    logits = torch.zeros((3, 3, 8))  # slots 1, 2, 3 (masks are right-aligned): uniform, uniform, confident
     logits[:, 2, 4] = 50.0
     rows = []
-    for lossless in (True, False):
-        settings = DecodingSettings(max_new_tokens=50, lossless=lossless, window_size=4, entropy_threshold=0.4)
+    for lossless, context_drafts in ((True, True), (False, True), (False, False)):
+        settings = DecodingSettings(
+            max_new_tokens=50, lossless=lossless, context_drafts=context_drafts, window_size=4, entropy_threshold=0.4
+        )
         row = DecodingRow(
-            index=0, prompt=[5, 6, 7], settings=settings, window=[Fill(2, final=lossless), None, None, None]
+            index=0, prompt=[5, 6, 7], settings=settings, window=[Fill(2, final=context_drafts), None, None, None]
         )
         row.prompt_fed = 3
         rows.append(row)
     fill(rows, [[row.committed + 1, row.committed + 2, row.committed + 3] for row in rows], logits, 1)
-    lossless_fills, default_fills = ([slot is not None for slot in row.window[1:]] for row in rows)
-    assert lossless_fills == [True, False, True]
-    assert default_fills == [False, False, True]
+    lossless_fills, default_fills, paper_fills = ([slot is not None for slot in row.window[1:]] for row in rows)
+    assert lossless_fills == default_fills == [True, False, True]
+    assert paper_fills == [False, False, True]
+    default = rows[1].window
+    assert not default[1].confident and default[3].confident  # the leftmost is judged, the sure fill trusted
+    assert not rows[1].trusts(default[1]) and rows[1].trusts(default[3])
 
 
 def test_greedy_fills_take_one_host_read_and_sampled_rows_draw_alone_or_batched():

@@ -26,21 +26,31 @@ def test_default_mode_commits_the_leading_run_and_keeps_the_rest():
 
 
 def test_the_default_mode_with_context_drafts_commits_its_fills_and_the_copies_ar_confirms():
-    """Section 3.m: the final token and the entropy rule's fills commit unjudged; a copy commits only where AR's
-    token there agrees, and AR's token after the last one committed is the next final token."""
+    """Section 3.m: the final token and the entropy rule's fills under its threshold commit unjudged; a copy, and
+    the rule's fallback fill, commit only where AR's token there agrees, and AR's token after the last one
+    committed is the next final token."""
     copy = lambda token: Fill(token, source="context")  # noqa: E731
+    sure = lambda token: Fill(token, confident=True)  # noqa: E731
     # AR says 16 after the fill 6 (which it would not have chosen: AR says 9 there), agreeing with the first copy
-    row = decoding_row([Fill(5, final=True), Fill(6), copy(16), copy(17), None], context_drafts=True)
+    row = decoding_row([Fill(5, final=True), sure(6), copy(16), copy(17), None], context_drafts=True)
     assert commit(row, 4, ArPredictions(FillSampler(), [9, 16, 18])) == (3, False)
     assert row.generated == [5, 6, 16] and window_tokens(row) == [18, None] and row.window[0].final
     assert (row.stats.accepted_context_drafts, row.stats.rejected_context_drafts) == (1, 1)
-    row = decoding_row([Fill(5, final=True), Fill(6), Fill(7)], context_drafts=True)  # no copy: nothing judged
+    row = decoding_row([Fill(5, final=True), sure(6), sure(7)], context_drafts=True)  # no copy: nothing judged
     assert commit(row, 3, ArPredictions(FillSampler(), [1, 2, 8])) == (3, False)
     assert row.generated == [5, 6, 7] and window_tokens(row) == [8] and row.stats.accepted_drafts == 0
-    ending = decoding_row([Fill(5, final=True), Fill(EOS_ID), None], context_drafts=True)
+    # The fallback fill (over the threshold) is judged: AR says 9 there, which takes its place as the final token.
+    row = decoding_row([Fill(5, final=True), Fill(6), None], context_drafts=True)
+    assert commit(row, 2, ArPredictions(FillSampler(), [9, 4])) == (1, False)
+    assert row.generated == [5] and window_tokens(row) == [9, None] and row.stats.rejected_drafts == 1
+    row = decoding_row([Fill(5, final=True), Fill(6), None], context_drafts=True)  # AR agrees: it commits
+    assert commit(row, 2, ArPredictions(FillSampler(), [6, 4])) == (2, False) and row.generated == [5, 6]
+    ending = decoding_row([Fill(5, final=True), sure(EOS_ID), None], context_drafts=True)
     assert commit_ending(ending) == 2 and ending.done  # a run that ends the row commits without a forward
     copied = decoding_row([Fill(5, final=True), copy(EOS_ID)], context_drafts=True)
     assert commit_ending(copied) == 0 and not copied.done  # a copy that would end the row waits for its check
+    unsure = decoding_row([Fill(5, final=True), Fill(EOS_ID)], context_drafts=True)
+    assert commit_ending(unsure) == 0 and not unsure.done  # and so does the fallback fill
 
 
 def test_lossless_mode_commits_the_drafts_ar_confirms_and_places_ars_token_after_them():

@@ -82,25 +82,30 @@ def test_lossless_with_processors_on_the_shipped_model(shipped_model):
     assert out.wedlm_stats[0].accepted_drafts > 0  # still several tokens per forward
 
 
-def test_default_mode_shows_each_fill_the_committed_text(model):
-    """Every context a processor sees in default mode is the row's padded prompt and a prefix of its committed
-    text; a banned token never appears and a minimum length holds."""
+@pytest.mark.parametrize("context_drafts", [False, True], ids=["paper-rule", "default"])
+def test_default_mode_shows_each_fill_the_committed_text(model, context_drafts):
+    """A banned token never appears and a minimum length holds. Under the paper's rule (every fill commits) every
+    context a processor sees is the row's padded prompt and a prefix of its committed text; by default it may also
+    hold the window's drafts that AR then rejects (copies, the fallback fill), as in lossless mode."""
     ids, mask = prompts(3, lengths=(7, 11, 5))
-    free = model.generate(ids, attention_mask=mask, strategy="wedlm", max_new_tokens=24, eos_token_id=None)
+    rule = dict(strategy="wedlm", wedlm_context_drafts=context_drafts)
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=None, **rule)
     banned = int(free[:, ids.shape[1] :].flatten().mode().values)
     recording = Recording()
     out = model.generate(
         ids,
         attention_mask=mask,
-        strategy="wedlm",
         max_new_tokens=24,
         eos_token_id=None,
         bad_words_ids=[[banned]],
         logits_processor=LogitsProcessorList([recording]),
+        **rule,
     )
     assert banned not in out[:, ids.shape[1] :].tolist()
     rows = out.tolist()
-    assert recording.seen and all(any(row[: len(c)] == c for row in rows) for c in recording.seen)
+    assert recording.seen and all(any(row[: ids.shape[1]] == c[: ids.shape[1]] for row in rows) for c in recording.seen)
+    if not context_drafts:
+        assert all(any(row[: len(c)] == c for row in rows) for c in recording.seen)
     assert all(len(c) >= ids.shape[1] for c in recording.seen)  # never shorter than the padded prompt
 
     stop = banned  # a token the model emits often: min_new_tokens holds it back

@@ -30,10 +30,13 @@ def test_a_commit_stops_at_the_budget():
 
 
 def test_settled_tokens_are_those_the_next_forward_only_writes():
-    """Default mode: the leading run up to a stop token and the budget; lossless mode: the final token only."""
-    assert decoding_row([Fill(5), Fill(6), None, Fill(7)]).settled() == [5, 6]
-    assert decoding_row([Fill(5), Fill(EOS_ID), Fill(6)]).settled() == [5, EOS_ID]
-    assert decoding_row([Fill(5), Fill(6), Fill(7)], max_new_tokens=2).settled() == [5, 6]
+    """Default mode: the leading run up to a stop token, the budget and the first fill AR must judge (the fallback
+    fill, under its threshold none); lossless mode: the final token only."""
+    sure = lambda token: Fill(token, confident=True)  # noqa: E731
+    assert decoding_row([Fill(5, final=True), sure(6), None, sure(7)]).settled() == [5, 6]
+    assert decoding_row([Fill(5, final=True), sure(EOS_ID), sure(6)]).settled() == [5, EOS_ID]
+    assert decoding_row([Fill(5, final=True), sure(6), sure(7)], max_new_tokens=2).settled() == [5, 6]
+    assert decoding_row([Fill(5, final=True), Fill(6), sure(7)]).settled() == [5]
     assert decoding_row([Fill(5, final=True), Fill(6)], lossless=True).settled() == [5]
     joining = decoding_row([Fill(5)])
     joining.prompt_fed = 0

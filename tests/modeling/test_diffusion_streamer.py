@@ -33,8 +33,8 @@ def model():
     return build_model(seed=3)
 
 
-@pytest.mark.parametrize("lossless", [False, True])
-def test_drafts_arrive_between_commits_and_become_the_text(model, lossless):
+@pytest.mark.parametrize("mode", ["paper-rule", "default", "lossless"])
+def test_drafts_arrive_between_commits_and_become_the_text(model, mode):
     ids, _ = prompts(1)
     recorder = Recorder()
     out = model.generate(
@@ -43,7 +43,8 @@ def test_drafts_arrive_between_commits_and_become_the_text(model, lossless):
         max_new_tokens=30,
         eos_token_id=None,
         wedlm_window_size=6,
-        wedlm_lossless=lossless,
+        wedlm_lossless=mode == "lossless",
+        wedlm_context_drafts=mode != "paper-rule",
         streamer=recorder,
     )
     generated = out[0, ids.shape[1] :].tolist()
@@ -58,10 +59,10 @@ def test_drafts_arrive_between_commits_and_become_the_text(model, lossless):
         elif kind == "draft":
             drafts += 1
             assert value and any(token != MASK_ID for token in value)
-            assert lossless or len(value) <= 6  # (lossless mode may reach past W with drafts copied from the context)
+            assert mode == "lossless" or len(value) <= 6  # (lossless mode may reach past W with copied drafts)
             lead = value[: value.index(MASK_ID)] if MASK_ID in value else value
             rest = generated[committed:]
-            if not lossless:  # the default rule commits a window's leading run whole at the next forward
+            if mode == "paper-rule":  # it commits a window's leading run whole at the next forward
                 assert rest[: len(lead)] == lead[: len(rest)]
             confirmed += bool(lead) and rest[:1] == lead[:1]
     assert drafts > 3 and confirmed > 0

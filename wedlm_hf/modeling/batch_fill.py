@@ -20,8 +20,8 @@ from .window_filling import choose_fills
 def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepReadout) -> None:
     """Fills the open masks of `rows` from this step's `readout` (`step_readout`), row b's fed masks at logical
     positions `masks[b]`, right-aligned. Every mask under the threshold (entropy plus the position penalty from the
-    row's leftmost open mask) is filled, else the row's lowest one; lossless mode always fills its leftmost open
-    mask, the next draft a verification reaches."""
+    row's leftmost open mask) is filled, else the row's lowest one; a verifying row (lossless, or default with
+    context drafts) always fills its leftmost open mask, the next draft a verification reaches."""
     if readout.scores is None:
         return
     n_masks, entropies, top, early = readout.scores.shape[1], readout.entropies, readout.top, readout.drawn
@@ -34,7 +34,7 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
         settings, columns = row.settings, [c for c, _ in pairs]
         offsets, row_entropies = [slot for _, slot in pairs], [entropies[b][c] for c in columns]
         picks = choose_fills(row_entropies, offsets, settings.entropy_threshold, settings.pos_penalty_factor)
-        if settings.lossless and picks[0] != 0:  # the leftmost mask is the next draft a verification reaches
+        if row.verifies and picks[0] != 0:  # the leftmost mask is the next draft a verification reaches
             picks = [0, *picks]
         confident = _confident(picks, row_entropies, offsets, settings)
         if row.verifies and not settings.lossless:  # the masks the next step feeds: what these earned (3.m)
@@ -57,7 +57,7 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
         rows[b].window[slots[b, c]] = Fill(token, q=q, confident=sure[b, c])
     for b, c in chosen:
         row = rows[b]
-        if row.settings.lossless and row.settings.sampler.do_sample:  # a draft drawn after a mask before it was
+        if row.verifies and row.settings.sampler.do_sample:  # a draft drawn after a mask before it was
             slot = slots[b, c]  # filled may have steered that one
             row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
 
@@ -71,7 +71,7 @@ def _confident(picks: list[int], entropies: list[float], offsets: list[int], set
 
 
 def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int]], slots: dict) -> dict:
-    """(row, column) -> (token, the distribution it was drawn from where a lossless row needs it) for the
+    """(row, column) -> (token, the distribution it was drawn from where a verifying row needs it) for the
     chosen (row, column) masks (at window slots `slots[row, column]`) of rows with their own draw; rows sharing one
     sampler draw together, in `chosen`'s order. A context-reading processor sees, at each mask, the committed text
     and the window's filled slots before it, up to the first mask (exact for the leftmost mask; docs/usage.md)."""
@@ -93,6 +93,6 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int,
         tokens = sampler.draw(probs) if sampler.do_sample else sampler(block, contexts)
         for i, token in enumerate(tokens.tolist()):
             b, c = chosen[members[i]]
-            keep = probs is not None and (rows[b].settings.lossless or rows[b].settings.keep_logits)
+            keep = probs is not None and (rows[b].verifies or rows[b].settings.keep_logits)
             out[b, c] = (token, probs[i] if keep else None)
     return out

@@ -9,7 +9,7 @@ default mode commits the run's valid prefix (`grammar_hook.commit_valid`). After
 already runs to its end commits it without another forward (`commit_ending`).
 """
 
-from .decoding_state import DecodingRow, Fill
+from .decoding_state import OWN_SOURCES, DecodingRow, Fill
 from .draft_sources import report_verdicts
 from .draft_verification import ArPredictions
 from .grammar_commit import valid_prefix
@@ -52,11 +52,12 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
                     ends = True
                     break
                 continue
-            checked[slot.source] += 1
+            sourced = settings.lossless or slot.source not in OWN_SOURCES  # not the default mode's fallback fill
+            checked[slot.source] += sourced
             if replacement is not None:
                 row.stats.rejected_drafts += 1
                 row.stats.rejected_context_drafts += context
-                rejected, rejected_by = True, slot.source
+                rejected, rejected_by = True, slot.source if sourced else None
                 break
             row.stats.accepted_drafts += 1
             row.stats.accepted_context_drafts += context

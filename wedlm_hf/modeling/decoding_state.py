@@ -165,9 +165,10 @@ class DecodingRow:
         return self.settings.lossless or (self.settings.context_drafts and self.grammar is None)
 
     def trusts(self, slot: Fill) -> bool:
-        """Whether `slot` commits without a check: a verifying default-mode row's own fills, which the entropy rule
-        chose (the paper's rule); drafts from elsewhere, and every draft in lossless mode, are judged by AR."""
-        return not self.settings.lossless and slot.source in OWN_SOURCES
+        """Whether `slot` commits without a check: a verifying default-mode row's own confident fills, which the
+        entropy rule chose under its threshold (the paper's rule); its fallback fill, drafts from elsewhere, and
+        every draft in lossless mode, are judged by AR."""
+        return not self.settings.lossless and slot.source in OWN_SOURCES and slot.confident
 
     @property
     def tracks_logits(self) -> bool:

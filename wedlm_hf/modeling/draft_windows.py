@@ -38,8 +38,8 @@ class DraftWindow:
 
     def fitted(self, limit: int, confident: int) -> None:
         """A default-mode row's masks (docs/algorithm.md section 3.m), after a fill that saw them: GROWTH per fill
-        under the threshold, at least `smallest` (the rule's fallback fill, which commits, is worth its row: a rest
-        that fed AR's token alone measured slower on code and repeating text), at most W (`limit`)."""
+        under the threshold, at least `smallest` (AR's token and the rule's fallback fill, a draft that AR checks
+        in the next forward), at most W (`limit`)."""
         self.size, self.held = min(limit, max(self.smallest, GROWTH * confident)), confident > 0
 
     def update(self, limit: int, checked: int, rejected: bool, paused: bool = False) -> None:
