@@ -112,6 +112,7 @@ class _Hybrid:
         self.forwards = 0
         self.rest = {"size": None, "wait": 1, "quiet": 0, "failures": 0}  # the context source (None: no limit)
         self.masks = None  # the slots the last fill earned (None: no fill yet: W)
+        self.fill_held = None  # whether AR kept the last unsure fill it judged (None: none judged yet)
         self.done = False
 
     def run(self) -> tuple[list[int], int]:
@@ -144,13 +145,19 @@ class _Hybrid:
         self.window += [None] * max(0, min(wanted, self.room() - len(self.window)))
 
     def copy(self) -> bool:
-        """Places the context's continuation after the leading run (section 6.f); whether it did."""
-        run = self.lead()
+        """Places the context's continuation after the leading run (section 6.f), or in place of its first unsure
+        fill and all after it; whether it did."""
+        lead = self.lead()
+        run = (
+            lead
+            if self.fill_held is not False
+            else next((i for i in range(1, lead) if self.window[i][1] == "fill"), lead)
+        )
         pending = [s[0] for s in self.window[:run]]
         if not run or any(t in self.stops for t in pending):
             return False
         limit = min(self.w, COPY_TOKENS, self.room() - run)
-        sure = any(s[1] == "sure" for s in self.window[1:run])  # the model is sure there: copy a long match only
+        sure = any(s[1] == "sure" for s in self.window[1:lead])  # the model is sure there: copy a long match only
         drafts, length = _lookup(self.committed + pending, len(self.committed), self.ngram, limit)
         if length < (LONG_MATCH if sure else 1):
             return False
@@ -158,6 +165,8 @@ class _Hybrid:
         drafts = drafts[: len(drafts) if size is None else size]
         stop = next((i for i, t in enumerate(drafts) if t in self.stops), None)
         drafts = drafts if stop is None else drafts[: stop + 1]
+        if drafts and run < lead:  # the unsure fill and everything after it make way
+            del self.window[run:]
         there = [(self.window[run + i], t) for i, t in enumerate(drafts) if run + i < len(self.window)]
         if not drafts or any(s is not None and s[0] != t for s, t in there):
             return False
@@ -188,8 +197,10 @@ class _Hybrid:
         if not ends:
             for i in range(accepted, run):
                 token, kind = window[i]
-                if kind in ("copy", "fill"):  # a copy, or the fallback fill: AR judges them
+                if kind in ("copy", "fill"):  # a copy, or an unsure fill: AR judges them
                     checked += kind == "copy"
+                    if kind == "fill":
+                        self.fill_held = ar(i) == token
                     if ar(i) != token:
                         replacement, rejected, copy_failed = ar(i), True, kind == "copy"
                         break

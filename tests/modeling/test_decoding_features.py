@@ -153,7 +153,19 @@ def test_stats_count_forwards_tokens_and_rows(model64):
         "constrained_tokens",
         "acceptance_rate",
     }
-    assert stats.accepted_drafts == stats.rejected_drafts == 0 and stats.acceptance_rate is None  # not lossless
+    # The default mode judges its unsure fills and copies: they count as drafts; the paper's rule judges nothing.
+    judged = stats.accepted_drafts + stats.rejected_drafts
+    assert judged > 0 and stats.acceptance_rate == pytest.approx(stats.accepted_drafts / judged)
+    paper = wedlm(
+        model64,
+        ids,
+        max_new_tokens=20,
+        eos_token_id=None,
+        wedlm_window_size=8,
+        wedlm_context_drafts=False,
+        return_dict_in_generate=True,
+    ).wedlm_stats[0]
+    assert paper.accepted_drafts == paper.rejected_drafts == 0 and paper.acceptance_rate is None
 
 
 def test_accept_all_threshold_fills_whole_window(model64):

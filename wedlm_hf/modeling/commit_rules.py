@@ -52,8 +52,10 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
                     ends = True
                     break
                 continue
-            sourced = settings.lossless or slot.source not in OWN_SOURCES  # not the default mode's fallback fill
+            sourced = settings.lossless or slot.source not in OWN_SOURCES  # not the default mode's unsure fill
             checked[slot.source] += sourced
+            if not sourced:
+                row.unsure_fill_held = replacement is None
             if replacement is not None:
                 row.stats.rejected_drafts += 1
                 row.stats.rejected_context_drafts += context

@@ -85,11 +85,12 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
     nothing while the context source rests, nor for a match shorter than `shortest` tokens (LONG_MATCH: long).
     A continuation that contradicts one of the model's own fills on its way is dropped whole: the model is
     confident there, and a rejected context draft would discard its fills. With `replace_model_drafts` the copy
-    continues the run before the model's first draft (the final token, and tokens a grammar forces) and, if
-    there is one, takes the place of everything after it. Returns whether a copy was placed."""
+    continues the run before the model's first draft that AR judges (the final token, tokens a grammar forces and
+    a default row's confident fills) and, if there is one, takes the place of everything after it. Returns whether
+    a copy was placed."""
     run = row.leading_run()
-    if replace_model_drafts:  # the run up to the model's first draft (a grammar's forced tokens stay)
-        run = next((i for i in range(1, run) if row.window[i].source in OWN_SOURCES), run)
+    if replace_model_drafts:  # the run up to the model's first draft AR judges (a grammar's forced tokens stay)
+        run = next((i for i in range(1, run) if _judged_own(row, row.window[i])), run)
     pending = [slot.token for slot in row.window[:run]]
     stop_ids = row.settings.stop_ids
     if not run or any(token in stop_ids for token in pending):
@@ -125,3 +126,9 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
         elif window[slot] is None:
             window[slot] = Fill(token, source="context")
     return True
+
+
+def _judged_own(row, slot: Fill) -> bool:
+    """Whether `slot` is one of the model's own drafts that AR judges (every one in lossless mode; the default mode's
+    unconfident fills)."""
+    return slot.source in OWN_SOURCES and not row.trusts(slot)

@@ -130,6 +130,7 @@ class DecodingRow:
     # how many get accepted, and the index its context copies look up.
     model_window: DraftWindow = field(default_factory=lambda: DraftWindow(smallest=2, size=2))
     context_window: ContextWindow = field(default_factory=ContextWindow)
+    unsure_fill_held: bool | None = None  # the default mode's last unconfident fill AR judged: kept (None: none yet)
     context: object | None = None  # a `ContextIndex` of where each committed token occurs (context drafts)
     # A forward of more rows costs next to nothing more (an accelerator): a default row's masks stay W (3.m).
     free_width: bool = False

@@ -101,9 +101,13 @@ class ContextDrafts(DraftSource):
         place of their unverified drafts, which would stand before it and could take it down with them."""
         if not row.prefilled:
             return masks
-        if not row.settings.lossless:  # default mode: where the rule's fills pass its threshold the model is sure
-            sure = any(slot.confident for slot in row.window[1 : row.leading_run()])  # and copies cost its masks:
-            return 0 if copy_from_context(row, LONG_MATCH if sure else 1) else masks  # a long match only
+        if not row.settings.lossless:
+            # Default mode: where the rule's fills pass its threshold the model is sure and copies cost its masks:
+            # a long match only. Once an unsure fill failed, a copy takes the place of the next (as in lossless mode).
+            run = row.window[1 : row.leading_run()]
+            sure = any(slot.confident for slot in run)
+            unsure = row.unsure_fill_held is False and any(s.source in OWN_SOURCES and not row.trusts(s) for s in run)
+            return 0 if copy_from_context(row, LONG_MATCH if sure else 1, replace_model_drafts=unsure) else masks
         held = row.model_window.held
         shortest = LONG_MATCH if held else 1
         if held is None and row.own_drafts():
