@@ -20,7 +20,7 @@ def add_arguments(parser) -> None:
         help="mixed: short counting and copying prompts; shared-prefix: a common ~600-token start and a short "
         "question each (default servers: wedlm and wedlm-nocache, the same without its prefix cache); long-prompt: "
         "mixed, one request of each level as long as the context allows, joining running streams (default server: "
-        "wedlm; `gap max`: the longest wait between a stream's pieces)",
+        "wedlm-nocache, so that it is prefilled each time; `gap max`: the longest wait between a stream's pieces)",
     )
     parser.add_argument(
         "--servers",

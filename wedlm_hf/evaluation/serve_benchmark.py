@@ -21,7 +21,8 @@ best round is kept, so that a busy machine slows every server alike. With one ro
 in a short question each, to `wedlm` against `wedlm-nocache` (the same server with `--prefix-cache-tokens 0`).
 `--workload long-prompt` is the mixed one where one request of each level (the first client's second) is a copying
 prompt as long as the model's context allows: the others' streams are running when it joins, and the longest gap
-between a stream's pieces (`gap max`) is the costliest step they sat through while its prompt was prefilled.
+between a stream's pieces (`gap max`) is the costliest step they sat through while its prompt was prefilled. Its
+default server is `wedlm-nocache`: with the prefix cache the prompt would be prefilled once, at the warm-up.
 """
 
 import json
@@ -58,7 +59,7 @@ WORKLOADS = ("mixed", "shared-prefix", "long-prompt")
 _DEFAULT_SERVERS = {
     "mixed": ("wedlm", "wedlm-b1", "tf", "tf-cb"),
     "shared-prefix": ("wedlm", "wedlm-nocache"),
-    "long-prompt": ("wedlm",),
+    "long-prompt": ("wedlm-nocache",),  # with its prefix cache, a server would prefill the long prompt once
 }
 SHARED_PREFIX_TOKENS = 600  # the shared-prefix workload: a common start this long (the shipped context is 1,024)
 
@@ -79,12 +80,15 @@ def long_prompt_prompts(count: int, count_tokens, tokens: int, seed: int = 0) ->
 
 def _word_list(tokens: int, count_tokens, rng: random.Random, at_most: bool = False) -> str:
     """A copying list (words the shipped model learned to copy) of `tokens` tokens or just past it (`at_most`: just
-    short of it)."""
+    short of it). Words are added a quarter of what is missing at a time: a few tokenizer calls for any length."""
     text = "copy:"
-    while count_tokens(text) < tokens:
-        longer = text + " " + rng.choice(_WORDS)
+    while (missing := tokens - count_tokens(text)) > 0:
+        words = [rng.choice(_WORDS) for _ in range(max(1, missing // 4))]
+        longer = text + " " + " ".join(words)
         if at_most and count_tokens(longer) > tokens:
-            break
+            longer = text + " " + words[0]
+            if count_tokens(longer) > tokens:
+                break
         text = longer
     return text
 
