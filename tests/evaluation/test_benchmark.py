@@ -27,6 +27,8 @@ def test_benchmark_reports_every_run_and_ratio():
     assert names[0].startswith("AR generate") and any(n.startswith("block-wise") for n in names)
     assert set(report["ratios"]) == {
         "wedlm_vs_ar",
+        "wedlm_w1_vs_ar",
+        "w1_forward_vs_ar_step",
         "batched_vs_singles",
         "wedlm_vs_blockwise_long",
         "blockwise_rows_per_wedlm_row",
@@ -36,6 +38,10 @@ def test_benchmark_reports_every_run_and_ratio():
     # once (no confirming forward).
     assert wedlm["tokens"] == 24 and wedlm["forwards"] == 3
     assert any("WeDLM / AR generate tokens/s" in line for line in lines)
+    at_one = report["results"]["WeDLM W=1 (AR's work), 24 tokens"]  # AR's token each forward, copies aside
+    assert at_one["tokens"] == 24 and 12 <= at_one["forwards"] <= 24 and at_one["p_cache"] <= 1
+    assert any("WeDLM W=1 / AR generate tokens/s" in line for line in lines)
+    assert any("WeDLM W=1 seconds per forward / AR seconds per step" in line for line in lines)
 
 
 def test_compiled_rows_are_timed_and_produce_the_eager_tokens():

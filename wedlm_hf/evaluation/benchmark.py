@@ -144,9 +144,13 @@ def _decoder_runs(model, prompts, new_tokens: int, long_tokens: int, wedlm_args:
             model.generate(prompts[b : b + 1], max_new_tokens=new_tokens, **wedlm_args) for b in range(len(prompts))
         ]
 
+    at_one = wedlm_args | dict(wedlm_window_size=1, wedlm_entropy_threshold=None, wedlm_context_drafts=True)
     runs = {
         "ar": ar,
         "wedlm": wedlm_one,
+        # W = 1: AR's own token each forward and nothing else (copies from the context aside): AR's work, so its
+        # gap to AR is the decoder's machinery
+        "wedlm_w1": lambda: model.generate(one, max_new_tokens=new_tokens, **at_one),
         "batched": lambda: model.generate(prompts, max_new_tokens=new_tokens, **wedlm_args),
         "singles": singles,
     }
@@ -194,6 +198,7 @@ def _rows(timings, new_tokens: int, batch: int, long_tokens: int, compile: bool)
     rows = {
         "ar": (f"AR generate, {new_tokens} tokens", ar("ar")),
         "wedlm": (f"WeDLM, {new_tokens} tokens", wedlm("wedlm")),
+        "wedlm_w1": (f"WeDLM W=1 (AR's work), {new_tokens} tokens", wedlm("wedlm_w1")),
         "batched": (f"WeDLM batched x{batch}", wedlm("batched")),
         "singles": (f"WeDLM {batch} single runs", _row(tokens, forwards, rows_fed, timings.best("singles"))),
     }
@@ -212,6 +217,9 @@ def _ratios(rows: dict) -> dict:
         return rows[a][1][measure] / rows[b][1][measure]
 
     ratios = {"wedlm_vs_ar": faster("wedlm", "ar"), "batched_vs_singles": faster("batched", "singles")}
+    ratios["wedlm_w1_vs_ar"] = faster("wedlm_w1", "ar")
+    w1, ar = rows["wedlm_w1"][1], rows["ar"][1]  # a W=1 forward's time against an AR step's: the machinery
+    ratios["w1_forward_vs_ar_step"] = (w1["seconds"] / w1["forwards"]) / (ar["seconds"] / ar["forwards"])
     if "wedlm_compiled" in rows:
         ratios["wedlm_compiled_vs_ar_compiled"] = faster("wedlm_compiled", "ar_compiled")
         ratios["wedlm_compiled_vs_wedlm"] = faster("wedlm_compiled", "wedlm")
@@ -241,6 +249,10 @@ def _log_report(log, results: dict, ratios: dict, mismatches: list, batch: int, 
         values = (r["tokens"], r["forwards"], r["tokens_per_forward"], r["p_cache"], r["seconds"], r["tokens_per_s"])
         log(table_row(COLUMNS, [name, *values]))
     log(ratio_line("WeDLM / AR generate tokens/s", ratios["wedlm_vs_ar"]))
+    w1 = results[next(name for name in results if name.startswith("WeDLM W=1"))]
+    copies = f" (AR's token each forward, and copies: {w1['tokens_per_forward']:.2f} tokens per forward)"
+    log(ratio_line("WeDLM W=1 / AR generate tokens/s", ratios["wedlm_w1_vs_ar"], copies))
+    log(ratio_line("WeDLM W=1 seconds per forward / AR seconds per step", ratios["w1_forward_vs_ar_step"]))
     log(ratio_line(f"batched x{batch} / {batch} single runs, tokens/s", ratios["batched_vs_singles"]))
     if backend is not None:
         log(
