@@ -107,6 +107,24 @@ def test_a_seeded_row_draws_the_same_tokens_alone_and_in_any_batch(model, lossle
             assert run(model, plan, before_read=before_read)[-1] == expected, f"joined at step {join} with {k} others"
 
 
+@pytest.mark.parametrize("before_read", [False, True], ids=["draws-after-read", "draws-before-read"])
+def test_a_sampled_default_rows_unsure_fills_carry_the_distribution_they_were_drawn_from(model, before_read):
+    """AR judges a sampled default row's unsure fills against q, the distribution each was drawn from, whether the
+    draws come before the step's read (an accelerator's way) or after it: without q a fill could only be replaced
+    by AR's fresh draw, never kept."""
+    decoder = StreamingDecoder(model, MASK_ID)
+    decoder.draws_before_read = before_read
+    rows = [decoder.add(prompt(9, seed=s), settings(seeded(s, temperature=0.7), window_size=6)) for s in range(4)]
+    unsure = []
+    while decoder.busy:
+        decoder.step()
+        for row in decoder.active:
+            unsure += [slot for slot in row.window if slot is not None and slot.source == "model" and not slot.final]
+            unsure = [slot for slot in unsure if not slot.confident]
+    assert len(unsure) > 10 and all(slot.q is not None for slot in unsure)
+    assert sum(row.stats.accepted_drafts + row.stats.rejected_drafts for row in rows) > 10  # judged
+
+
 def test_seeded_rows_repeat_with_the_same_seed_in_one_batch(model):
     """Two rows with equal seeds and settings in one batch draw the same tokens as each other and as alone."""
     ids = prompt(8, seed=6)
@@ -179,6 +197,20 @@ def test_beside_decoding_rows_a_long_prompt_is_chunked_by_its_cost(model):
     assert widths == sorted(widths, reverse=True) and widths[0] >= 2 * widths[-1], widths
     # The estimate counts the context the rows hold; the cache also keeps a few dead columns (`RaggedCache`).
     assert max(step_cost(3, width, read, keys) for width, read in chunks) <= 1.15 * budget, chunks
+
+
+def test_a_short_prompt_joins_decoding_rows_in_one_step_under_a_budget(model):
+    """A prompt whose chunk and window fit the budget at their cost is fed whole with its window, as without one."""
+    plan = [(0, prompt(5, seed=7), settings(window_size=8)), (1, prompt(66, seed=8), settings(window_size=8))]
+    widths = Widths(model)
+    try:
+        free = run(model, plan)
+        joined_free = widths.shapes[1]
+        widths.shapes.clear()
+        bounded = run(model, plan, token_budget=4096)
+    finally:
+        widths.close()
+    assert bounded == free and widths.shapes[1] == joined_free and joined_free[1] >= 66 + 8
 
 
 def test_token_budget_must_be_positive(model):

@@ -4,9 +4,9 @@ The paper's default rule commits the whole leading run of filled slots: their K/
 prefix only (docs/algorithm.md section 3.c). Lossless mode commits a draft only where the model's own AR choice at
 its real prefix agrees (`draft_verification`), and the AR token after the last accepted one becomes the next final
 token (section 6). The default mode with context drafts (section 3.m) walks its run the same way, but commits the
-model's own fills unjudged, as the paper's rule does: only copies from the context are checked. Under a grammar,
-default mode commits the run's valid prefix (`grammar_hook.commit_valid`). After the fill, a row whose window
-already runs to its end commits it without another forward (`commit_ending`).
+model's confident fills unjudged, as the paper's rule does: its unsure fills and copies from the context are
+checked. Under a grammar, default mode commits the run's valid prefix (`grammar_hook.commit_valid`). After the
+fill, a row whose window already runs to its end commits it without another forward (`commit_ending`).
 """
 
 from .decoding_state import OWN_SOURCES, DecodingRow, Fill
@@ -29,7 +29,7 @@ def commit(row: DecodingRow, run: int, ar: ArPredictions | None) -> tuple[int, b
 def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
     """A verifying row's commit (lossless, or default with context drafts). `ar` holds the AR predictions for
     window slots 1..run (for a new row: 0..run). Slot 0 is the final token placed last step; each later draft
-    commits only if AR agrees (a default row's own fills commit unjudged, `DecodingRow.trusts`), and the AR token
+    commits only if AR agrees (a default row's confident fills commit unjudged, `DecodingRow.trusts`), and the AR token
     after the last accepted one becomes the next final token (at a rejection, in the draft's place, with every
     later fill discarded)."""
     settings = row.settings
@@ -54,8 +54,8 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
                 continue
             sourced = settings.lossless or slot.source not in OWN_SOURCES  # not the default mode's unsure fill
             checked[slot.source] += sourced
-            if not sourced:
-                row.unsure_fill_held = replacement is None
+            if not sourced and (not settings.sampler.do_sample or (slot.verifiable and slot.q is not None)):
+                row.unsure_fill_held = replacement is None  # (a fill replaced by a fresh draw was not judged)
             if replacement is not None:
                 row.stats.rejected_drafts += 1
                 row.stats.rejected_context_drafts += context

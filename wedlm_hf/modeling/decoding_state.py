@@ -20,8 +20,9 @@ OWN_SOURCES = ("model", "constrained")  # a Fill's sources that are the model's 
 @dataclass
 class WeDLMStats:
     """Per-row decoding statistics: decoding forwards, committed tokens, window rows fed (prompt rows, prefilled
-    in the first forward, are not counted) and, in lossless mode, drafts accepted or rejected by verification, of
-    which `*_context_drafts` were copied from the context (the rest are the model's own fills). Under a grammar,
+    in the first forward, are not counted) and drafts accepted or rejected by verification (lossless mode's, and
+    the default mode's unsure fills and copies), of which `*_context_drafts` were copied from the context (the rest
+    are the model's own fills). Under a grammar,
     `forced_tokens` of the committed tokens were forced by it and `constrained_tokens` chosen among the tokens it
     allowed at the slot after the committed text (default mode; in lossless mode every AR token is)."""
 
@@ -46,7 +47,7 @@ class WeDLMStats:
 
     @property
     def acceptance_rate(self) -> float | None:
-        """Accepted / verified drafts in lossless mode; None when no draft was verified."""
+        """Accepted / verified drafts; None when no draft was verified."""
         checked = self.accepted_drafts + self.rejected_drafts
         return self.accepted_drafts / checked if checked else None
 

@@ -68,10 +68,11 @@ class ModelDrafts(DraftSource):
 
 class ModelFills(DraftSource):
     """A verifying default-mode row's own fills (docs/algorithm.md section 3.m): the masks the step fills by the
-    entropy rule, which commit without a check as the paper's rule commits them. As many slots after the leading run
-    as its last fill earned (`DraftWindow.fitted`: four per fill the model was sure of, two where it was sure of
-    nothing), W where a wider forward costs next to nothing (`DecodingRow.free_width`); none below two: the first
-    slot after the run is taken by AR's next token whenever the run commits whole."""
+    entropy rule; the confident ones commit without a check as the paper's rule commits them, the unsure ones are
+    judged by AR (and tell the context source, not this one: `DecodingRow.unsure_fill_held`). As many slots after
+    the leading run as its last fill earned (`DraftWindow.fitted`: four per fill the model was sure of, two where it
+    was sure of nothing), W where a wider forward costs next to nothing (`DecodingRow.free_width`); none below two:
+    the first slot after the run is taken by AR's next token whenever the run commits whole."""
 
     kinds = OWN_SOURCES
 
@@ -82,7 +83,7 @@ class ModelFills(DraftSource):
         return size if size >= 2 else 0
 
     def update(self, row: DecodingRow, checked: int, rejected: bool, paused: bool) -> None:
-        pass  # never judged
+        pass  # its size follows the fills (`DraftWindow.fitted`), not the verdicts
 
 
 class ContextDrafts(DraftSource):

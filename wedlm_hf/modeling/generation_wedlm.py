@@ -118,8 +118,10 @@ def generate_wedlm(
         wedlm_pos_penalty_factor (float, 0.02): entropy penalty per slot of distance from the leftmost mask.
         wedlm_lossless (bool, False): commit a drafted token only where the model's own AR decoding agrees, so the
             output equals plain `generate` (greedy: token for token; sampling: in distribution).
-        wedlm_context_drafts (bool, True): in lossless mode, also draft the tokens that followed the latest earlier
-            occurrence of the text's suffix (prompt lookup's rule); off: the model's own fills only.
+        wedlm_context_drafts (bool, True): also draft the tokens that followed the latest earlier occurrence of the
+            text's suffix (prompt lookup's rule), kept where AR agrees; in the default mode also AR's own next token
+            and checks of its unsure fills (docs/algorithm.md section 3.m); off: the paper's rule, and in lossless
+            mode the model's own drafts only.
         wedlm_context_ngram (int, 3): the longest suffix matched for context drafts, tried down to one token.
         mask_token_id (int): argument, then `config.mask_token_id`, then the generation config, then the
             tokenizer's mask token.

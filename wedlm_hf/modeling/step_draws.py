@@ -137,9 +137,10 @@ def draft_verdicts(sampler, probs: torch.Tensor, drafts: list) -> list[torch.Ten
 
 def fill_draws(rows: list[DecodingRow], scores: torch.Tensor, masks: list[list[int]]) -> Pending:
     """For the rows that draw early (`draws_early`): per sampler, a token at every fed mask (row b's masks at logical
-    positions `masks[b]`, right-aligned in the `scores` (batch, mask columns, vocab)), and for a sampled lossless row
-    the distribution it came from (a draft's q). A context-reading processor sees, at each mask, the committed text
-    and the window's filled slots before it, up to the first mask (the leading run)."""
+    positions `masks[b]`, right-aligned in the `scores` (batch, mask columns, vocab)), and for a sampled verifying row
+    (lossless, or default with context drafts) the distribution it came from (a draft's q). A context-reading
+    processor sees, at each mask, the committed text and the window's filled slots before it, up to the first mask
+    (the leading run)."""
     n_masks = scores.shape[1]
     early = [b for b, row in enumerate(rows) if masks[b] and draws_early(row)]
     tensors, plans = [], []
@@ -162,7 +163,7 @@ def fill_draws(rows: list[DecodingRow], scores: torch.Tensor, masks: list[list[i
         drawn = {}
         for columns, probs in plans:
             for i, ((b, c), token) in enumerate(zip(columns, values.pop(0))):
-                keep = probs is not None and (rows[b].settings.lossless or rows[b].settings.keep_logits)
+                keep = probs is not None and (rows[b].verifies or rows[b].settings.keep_logits)
                 drawn[b, c] = (int(token), (probs, i) if keep else None)
         return drawn
 

@@ -192,7 +192,8 @@ class StreamingDecoder:
             return max(width, self.token_budget // len(rows), 1)
         context = max(row.committed + len(row.window) for row in decoding)
         fed = max(row.prompt_fed for row in joining)
-        remaining = max(len(row.prompt) - row.prompt_fed for row in joining)
+        remaining = max(len(row.prompt) - row.prompt_fed + len(row.window) for row in joining)  # the last chunk
+        # feeds the window with it
         return prompt_cap(self.token_budget, len(rows), width, context, fed, remaining, self._keys_per_row)
 
     def _commit(self, rows, feed: StepFeed, logits, ar_rows: dict, readout: StepReadout):
