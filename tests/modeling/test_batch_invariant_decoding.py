@@ -8,6 +8,7 @@ import torch
 from transformers import AutoTokenizer, DynamicCache
 
 from wedlm_hf import WeDLMForCausalLM, batch_invariant, default_model_path
+from wedlm_hf.modeling.transformers_versions import CACHE_KWARG
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 PROMPTS = ["count from 3 by 1, 12 numbers:", "copy: apple river stone cloud tiger lamp =>", "def f(x):\n    return"]
@@ -77,7 +78,7 @@ def test_a_prompt_has_the_same_kv_bits_however_it_is_prefilled(model, tokenizer)
     def prefilled(*chunks) -> DynamicCache:
         cache = DynamicCache(config=model.config)
         for start, end in chunks:
-            model(ids[:, start:end], past_key_values=cache, position_ids=torch.arange(start, end)[None])
+            model(ids[:, start:end], position_ids=torch.arange(start, end)[None], **{CACHE_KWARG: cache})
         return cache
 
     other = tokenizer(PROMPTS[2], return_tensors="pt").input_ids  # a shorter row beside it, left-padded
@@ -93,7 +94,7 @@ def test_a_prompt_has_the_same_kv_bits_however_it_is_prefilled(model, tokenizer)
             batch,
             attention_mask=mask.long(),
             position_ids=(mask.cumsum(-1) - 1).clamp_min(0).long(),
-            past_key_values=beside,
+            **{CACHE_KWARG: beside},
         )
     for name, cache in caches.items():
         for layer, other_layer in zip(whole.layers, cache.layers):
