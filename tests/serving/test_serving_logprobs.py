@@ -189,7 +189,9 @@ def test_a_left_out_max_tokens_is_lowered_to_fit_the_entry_limit():
 def test_a_heavy_answer_leaves_the_event_loop_free(server):
     """The largest echo the limit allows (12 choices x 1,000 tokens x 21 entries, several MB of JSON) is scored,
     rendered and encoded in worker threads: /health keeps answering within 10x its idle latency meanwhile. Before,
-    rendering on the event loop held every client for seconds."""
+    rendering on the event loop held every client for seconds, every time; a stall that does not come back when
+    the same answer is asked again (another process took the CPUs that moment) is the machine's, so a second try
+    decides."""
     import statistics
     import threading
     import time
@@ -204,21 +206,29 @@ def test_a_heavy_answer_leaves_the_event_loop_free(server):
             assert probe.get("/health").status_code == 200
             return time.perf_counter() - started
 
-        idle = statistics.median(latency() for _ in range(30))
-        done, answers = threading.Event(), []
-        heavy = threading.Thread(
-            target=lambda: (
-                answers.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)),
-                done.set(),
+        def probed() -> tuple[float, list[float], httpx.Response]:
+            """The idle latency, the latencies while the heavy answer is made, and the answer."""
+            idle = statistics.median(latency() for _ in range(30))
+            done, answers = threading.Event(), []
+            heavy = threading.Thread(
+                target=lambda: (
+                    answers.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)),
+                    done.set(),
+                )
             )
-        )
-        heavy.start()
-        busy = []
-        while not done.is_set():
-            busy.append(latency())
-        heavy.join()
-    answer = answers[0].json()
-    assert answers[0].status_code == 200 and len(answer["choices"]) == 12
-    assert len(answer["choices"][0]["logprobs"]["tokens"]) == 1000
-    print(f"idle {idle * 1000:.2f} ms, under load max {max(busy) * 1000:.2f} ms over {len(busy)} probes")
-    assert max(busy) < 10 * idle + 0.05
+            heavy.start()
+            busy = []
+            while not done.is_set():
+                busy.append(latency())
+            heavy.join()
+            return idle, busy, answers[0]
+
+        for _ in range(2):
+            idle, busy, response = probed()
+            answer = response.json()
+            assert response.status_code == 200 and len(answer["choices"]) == 12
+            assert len(answer["choices"][0]["logprobs"]["tokens"]) == 1000
+            print(f"idle {idle * 1000:.2f} ms, under load max {max(busy) * 1000:.2f} ms over {len(busy)} probes")
+            if max(busy) < 10 * idle + 0.05:
+                break
+        assert max(busy) < 10 * idle + 0.05, f"stalled twice: {max(busy):.3f} s against {idle:.3f} s idle"
