@@ -137,6 +137,9 @@ class _Hybrid:
             return
         masks = self.w if first or self.masks is None else min(self.w, self.masks)
         masks = masks if masks >= 2 else 0  # the first mask after the run is AR's next token's: one alone is not
+        if not first and self.masks is not None:  # masks past what the last fill earned are not fed again
+            while len(self.window) > self.lead() + masks and self.window[-1] is None:
+                self.window.pop()
         if not first and self.copy():
             masks = 0
             if any(s[0] in self.stops for s in self.window[: self.lead()]):

@@ -72,7 +72,8 @@ class ModelFills(DraftSource):
     judged by AR (and tell the context source, not this one: `DecodingRow.unsure_fill_held`). As many slots after
     the leading run as its last fill earned (`DraftWindow.fitted`: four per fill the model was sure of, two where it
     was sure of nothing), W where a wider forward costs next to nothing (`DecodingRow.free_width`); none below two:
-    the first slot after the run is taken by AR's next token whenever the run commits whole."""
+    the first slot after the run is taken by AR's next token whenever the run commits whole. Masks a wider window
+    left past that are dropped (fills there stay)."""
 
     kinds = OWN_SOURCES
 
@@ -80,7 +81,13 @@ class ModelFills(DraftSource):
         window = row.model_window
         fitted = row.prefilled and not row.free_width and window.held is not None
         size = min(masks, window.size) if fitted else masks
-        return size if size >= 2 else 0
+        size = size if size >= 2 else 0
+        if fitted:  # masks left past that size by a wider window before are not fed again
+            end, run = len(row.window), row.leading_run()
+            while end > run + size and row.window[end - 1] is None:
+                end -= 1
+            del row.window[end:]
+        return size
 
     def update(self, row: DecodingRow, checked: int, rejected: bool, paused: bool) -> None:
         pass  # its size follows the fills (`DraftWindow.fitted`), not the verdicts
