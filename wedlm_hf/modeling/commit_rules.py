@@ -9,7 +9,7 @@ checked. Under a grammar, default mode commits the run's valid prefix (`grammar_
 fill, a row whose window already runs to its end commits it without another forward (`commit_ending`).
 """
 
-from .decoding_state import OWN_SOURCES, DecodingRow, Fill
+from .decoding_state import DecodingRow, Fill
 from .draft_sources import report_verdicts
 from .draft_verification import ArPredictions
 from .grammar_commit import valid_prefix
@@ -44,15 +44,15 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
     if not ends:
         for i in range(first, run):
             slot = row.window[i]
-            replacement = None if row.trusts(slot) else ar.judge(i - first, slot)
-            context = slot.source == "context"
-            if row.trusts(slot):  # the entropy rule's fill (default mode): it commits as the paper's rule does
+            if row.trusts(slot):  # the entropy rule's confident fill (default mode): it commits as the paper's does
                 accepted += 1
                 if slot.token in settings.stop_ids or accepted >= room:
                     ends = True
                     break
                 continue
-            sourced = settings.lossless or slot.source not in OWN_SOURCES  # not the default mode's unsure fill
+            replacement = ar.judge(i - first, slot)
+            context = slot.source == "context"
+            sourced = settings.lossless or not row.judged_own(slot)  # not the default mode's unsure fill
             checked[slot.source] += sourced
             if not sourced and (not settings.sampler.do_sample or (slot.verifiable and slot.q is not None)):
                 row.unsure_fill_held = replacement is None  # (a fill replaced by a fresh draw was not judged)

@@ -13,7 +13,7 @@ is its own token k - d. Otherwise a copy ends where the committed text does, as 
 the drafts just placed, which only a periodic text repeats.
 """
 
-from .decoding_state import OWN_SOURCES, Fill
+from .decoding_state import Fill
 from .draft_windows import COPY_TOKENS
 from .grammar_commit import valid_prefix
 
@@ -90,7 +90,7 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
     a copy was placed."""
     run = row.leading_run()
     if replace_model_drafts:  # the run up to the model's first draft AR judges (a grammar's forced tokens stay)
-        run = next((i for i in range(1, run) if _judged_own(row, row.window[i])), run)
+        run = next((i for i in range(1, run) if row.judged_own(row.window[i])), run)
     pending = [slot.token for slot in row.window[:run]]
     stop_ids = row.settings.stop_ids
     if not run or any(token in stop_ids for token in pending):
@@ -126,9 +126,3 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
         elif window[slot] is None:
             window[slot] = Fill(token, source="context")
     return True
-
-
-def _judged_own(row, slot: Fill) -> bool:
-    """Whether `slot` is one of the model's own drafts that AR judges (every one in lossless mode; the default mode's
-    unconfident fills)."""
-    return slot.source in OWN_SOURCES and not row.trusts(slot)

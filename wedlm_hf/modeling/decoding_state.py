@@ -172,6 +172,11 @@ class DecodingRow:
         every draft in lossless mode, are judged by AR."""
         return not self.settings.lossless and slot.source in OWN_SOURCES and slot.confident
 
+    def judged_own(self, slot: Fill) -> bool:
+        """Whether `slot` is one of the model's own drafts that AR judges: every one in lossless mode, a verifying
+        default-mode row's unsure fills."""
+        return slot.source in OWN_SOURCES and not self.trusts(slot)
+
     @property
     def tracks_logits(self) -> bool:
         """Whether the row follows the AR logits of the slot after its committed text (`next_logits`)."""

@@ -114,7 +114,7 @@ class ContextDrafts(DraftSource):
             # a long match only. Once an unsure fill failed, a copy takes the place of the next (as in lossless mode).
             run = row.window[1 : row.leading_run()]
             sure = any(slot.confident for slot in run)
-            unsure = row.unsure_fill_held is False and any(s.source in OWN_SOURCES and not row.trusts(s) for s in run)
+            unsure = row.unsure_fill_held is False and any(row.judged_own(slot) for slot in run)
             return 0 if copy_from_context(row, LONG_MATCH if sure else 1, replace_model_drafts=unsure) else masks
         held = row.model_window.held
         shortest = LONG_MATCH if held else 1
