@@ -13,7 +13,6 @@ import torch
 
 LONG_MATCH = 6  # agreement that makes a match long (section 6.f)
 COPY_TOKENS = 12  # a copy's length at most
-CANDIDATES = 64  # occurrences of a suffix's first token tried per suffix size
 PATIENCE, PROBE, LONGEST_WAIT = 4, 2, 64  # the context source's rest (section 6.d)
 
 
@@ -289,7 +288,7 @@ def _lookup(sequence: list[int], committed: int, largest: int, limit: int) -> tu
         return [], 0
     end = len(sequence)
     for n in range(min(largest, end - 1), 0, -1):
-        suffix, tried = sequence[end - n :], 0
+        suffix = sequence[end - n :]
         for start in range(committed - 1, -1, -1):
             if sequence[start] != suffix[0] or start + n >= end:
                 continue
@@ -300,9 +299,6 @@ def _lookup(sequence: list[int], committed: int, largest: int, limit: int) -> tu
                         break
                     length += 1
                 return _continuation(sequence, start + n, limit, committed), length
-            tried += 1
-            if tried == CANDIDATES:
-                break
     return [], 0
 
 

@@ -9,7 +9,7 @@ from wedlm_hf.modeling.context_drafts import LONG_MATCH, ContextIndex
 def continuation(text: list[int], pending: list[int] = (), largest: int = 3, limit: int = 8) -> list[int]:
     index = ContextIndex()
     index.extend(text)
-    return index.continuation(list(text) + list(pending), largest, limit)
+    return index.continuation(list(pending), largest, limit)
 
 
 def test_the_latest_occurrence_of_the_longest_suffix_wins():
@@ -65,9 +65,33 @@ def test_a_lookup_says_how_long_the_match_is():
     index = ContextIndex()
     text = [9, 8, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3]  # "1 2 3" again, after 7 where it first came after 8
     index.extend(text)
-    assert index.lookup(text, 3, 5) == ([4, 5, 6, 7, 1], 3)
+    assert index.lookup([], 3, 5) == ([4, 5, 6, 7, 1], 3)
     text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7]  # seven tokens agree: counted up to LONG_MATCH
     index = ContextIndex()
     index.extend(text)
-    assert index.lookup(text, 3, 4) == ([8, 1, 2, 3], LONG_MATCH)
-    assert index.lookup([1, 2, 3], 3, 4) == ([], 0)
+    assert index.lookup([], 3, 4) == ([8, 1, 2, 3], LONG_MATCH)
+    index = ContextIndex()
+    index.extend([1, 2, 3])
+    assert index.lookup([], 3, 4) == ([], 0)
+
+
+def test_a_match_is_found_however_far_back_and_only_on_token_boundaries():
+    # The suffix's first token occurs hundreds of times after the one full match: every occurrence is searched.
+    text = [7, 8, 9, 40] + [7, 1] * 300 + [7, 8]
+    index = ContextIndex()
+    index.extend(text)
+    assert index.lookup([9], 3, 2) == ([40, 7], 3)
+    # The bytes of [1] (01 00 00 00) also appear across the boundary of 0x01000000 and 0 (00 00 00 01 | 00 00 00
+    # 00), later than its one occurrence as a token: only the token counts.
+    index = ContextIndex()
+    index.extend([1, 0x01000000, 0, 5, 1])
+    assert index.lookup([], 3, 2) == ([0x01000000, 0], 1)
+
+
+def test_the_index_grows_with_prompt_and_generated_text():
+    index = ContextIndex()
+    index.sync([1, 2, 3], [])
+    index.sync([1, 2, 3], [4, 5])
+    index.sync([1, 2, 3], [4, 5, 1, 2])
+    assert index.tokens.tolist() == [1, 2, 3, 4, 5, 1, 2]
+    assert index.lookup([], 3, 4) == ([3, 4, 5, 1], 2)

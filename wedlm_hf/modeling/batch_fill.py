@@ -55,11 +55,13 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
     for b, c in chosen:
         token, q = drawn[b, c]
         rows[b].window[slots[b, c]] = Fill(token, q=q, confident=sure[b, c])
+    first_masks = {}  # per verifying sampled row, its window's first mask after this fill
     for b, c in chosen:
         row = rows[b]
         if row.verifies and row.settings.sampler.do_sample:  # a draft drawn after a mask before it was
-            slot = slots[b, c]  # filled may have steered that one
-            row.window[slot].verifiable = all(s is not None for s in row.window[:slot])
+            if b not in first_masks:  # filled may have steered that one
+                first_masks[b] = row.leading_run()
+            row.window[slots[b, c]].verifiable = slots[b, c] <= first_masks[b]
 
 
 def _confident(picks: list[int], entropies: list[float], offsets: list[int], settings) -> list[bool]:

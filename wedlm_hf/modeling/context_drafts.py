@@ -3,8 +3,9 @@
 Where text repeats (code, lists, quotes), the tokens that followed the last occurrence of the current suffix are a
 good guess of what comes next: prompt lookup decoding's rule. In lossless mode a draft's source does not change the
 output (verification keeps AR's tokens), so such drafts can fill the window's masks beside the model's own. The
-index keeps every position of each token of a row's committed text, so a lookup scans only the occurrences of the
-suffix's first token, most recent first, and at most `MAX_CANDIDATES` of them.
+index keeps a row's committed text as fixed-width bytes, grown as tokens commit, so a look-up is a substring search
+from the end (`bytes.rfind`, in C): its host cost is a few calls per n-gram size, whatever the text's length and
+however often the suffix's first token occurs.
 
 On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
 after one period. There, and only where the text's last d tokens already repeat the d before them (d: how far back
@@ -13,58 +14,79 @@ is its own token k - d. Otherwise a copy ends where the committed text does, as 
 the drafts just placed, which only a periodic text repeats.
 """
 
+from array import array
+
 from .decoding_state import Fill
 from .draft_windows import COPY_TOKENS
 from .grammar_commit import valid_prefix
 
-MAX_CANDIDATES = 64  # occurrences of the suffix's first token checked per n-gram size
 LONG_MATCH = 6  # tokens of agreement (the suffix and those before it) that make a match long
+TOKEN = "i"  # a token id as 4 bytes (`array` typecode): the width the search aligns its matches to
 
 
 class ContextIndex:
-    """Positions of every token in a row's committed text (prompt + generated), grown as tokens commit."""
+    """A row's committed text (prompt + generated) as 4-byte tokens, grown as tokens commit."""
 
     def __init__(self):
-        self.positions: dict[int, list[int]] = {}
-        self.length = 0
+        self.tokens = array(TOKEN)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
 
     def extend(self, tokens: list[int]) -> None:
-        for token in tokens:
-            self.positions.setdefault(token, []).append(self.length)
-            self.length += 1
+        self.tokens.extend(tokens)
 
-    def continuation(self, sequence: list[int], largest: int, limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the latest earlier occurrence of `sequence`'s longest suffix of
-        `largest` tokens or fewer (down to one). `sequence` is the indexed (committed) text plus any drafts after
-        it; the copy reads no draft unless the text is periodic there."""
-        return self.lookup(sequence, largest, limit)[0]
+    def sync(self, prompt: list[int], generated: list[int]) -> None:
+        """Indexes what `prompt` + `generated` added since the last call (without joining the two lists)."""
+        fed = len(self.tokens)
+        if fed < len(prompt):
+            self.tokens.extend(prompt[fed:])
+            fed = len(prompt)
+        self.tokens.extend(generated[fed - len(prompt) :])
 
-    def lookup(self, sequence: list[int], largest: int, limit: int) -> tuple[list[int], int]:
+    def continuation(self, pending: list[int], largest: int, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of the longest suffix of `largest`
+        tokens or fewer (down to one) of the indexed text followed by `pending` (the drafts after it); the copy
+        reads no draft unless the text is periodic there."""
+        return self.lookup(pending, largest, limit)[0]
+
+    def lookup(self, pending: list[int], largest: int, limit: int) -> tuple[list[int], int]:
         """`continuation`, and how long the match is: the suffix plus the tokens before it that agree with those
         before the occurrence, counted up to LONG_MATCH (0 when nothing matched)."""
         if limit < 1:
             return [], 0
-        end = len(sequence)
+        sequence = self.tokens + array(TOKEN, pending)
+        data, end, width = sequence.tobytes(), len(sequence), sequence.itemsize
         for n in range(min(largest, end - 1), 0, -1):
-            suffix = sequence[end - n :]
-            checked = 0
-            for start in reversed(self.positions.get(suffix[0], ())):
-                if start + n >= end:  # the suffix itself: nothing follows it yet
-                    continue
-                if sequence[start : start + n] == suffix:
-                    length = n
-                    while length < LONG_MATCH and start + n - length > 0:
-                        if sequence[start + n - length - 1] != sequence[end - length - 1]:
-                            break
-                        length += 1
-                    return _copy(sequence, start + n, limit, self.length), length
-                checked += 1
-                if checked == MAX_CANDIDATES:
+            # An occurrence starts in the committed text and ends before the suffix does (something follows it).
+            start = _latest(data, data[(end - n) * width :], min(end - n - 1, self.length - 1) * width, width)
+            if start is None:
+                continue
+            length = n
+            while length < LONG_MATCH and start + n - length > 0:
+                if sequence[start + n - length - 1] != sequence[end - length - 1]:
                     break
+                length += 1
+            return _copy(sequence, start + n, limit, self.length).tolist(), length
         return [], 0
 
 
-def _copy(sequence: list[int], source: int, count: int, committed: int) -> list[int]:
+def _latest(data: bytes, suffix: bytes, last: int, width: int) -> int | None:
+    """The token index of the latest occurrence of `suffix` in `data` that starts at byte `last` or before, on a
+    token boundary; None if there is none."""
+    end = last + len(suffix)
+    while end >= len(suffix):
+        at = data.rfind(suffix, 0, end)
+        if at < 0:
+            return None
+        if at % width == 0:
+            return at // width
+        end = at + len(suffix) - 1  # a match across token boundaries: look before it
+    return None
+
+
+def _copy(sequence: array, source: int, count: int, committed: int) -> array:
     """Up to `count` tokens copied from `sequence[source:]`: overlapping the copy itself where the text is
     periodic, otherwise from its first `committed` tokens only."""
     if source + count <= committed:
@@ -95,13 +117,12 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
     stop_ids = row.settings.stop_ids
     if not run or any(token in stop_ids for token in pending):
         return False
-    committed = row.prompt + row.generated
     if row.context is None:
         row.context = ContextIndex()
-    row.context.extend(committed[row.context.length :])
+    row.context.sync(row.prompt, row.generated)
     room = row.settings.max_new_tokens - len(row.generated) - run
     limit = min(row.settings.window_size, COPY_TOKENS, room)
-    drafts, length = row.context.lookup(committed + pending, row.settings.context_ngram, limit)
+    drafts, length = row.context.lookup(pending, row.settings.context_ngram, limit)
     if length < shortest:
         return False
     del drafts[row.context_window.size :]  # nothing while the source rests
