@@ -110,7 +110,8 @@ class _Hybrid:
         self.window: list = []
         self.forwards = 0
         self.rest = {"size": None, "wait": 1, "quiet": 0, "failures": 0}  # the context source (None: no limit)
-        self.masks = None  # the slots the last fill earned (None: no fill yet: W)
+        self.masks = None  # the slots the last fill earned (None: no fill yet: W; 0: resting)
+        self.fill_rest = {"wait": 1, "quiet": 0}  # the unsure fills' rest (section 3.m)
         self.fill_held = None  # whether AR kept the last unsure fill it judged (None: none judged yet)
         self.done = False
 
@@ -195,6 +196,7 @@ class _Hybrid:
             return int(row.argmax())
 
         accepted, replacement, checked, rejected, copy_failed = (0 if first else 1), None, 0, False, False
+        judged, fill_failed = 0, False  # unsure fills AR judged, and whether one failed
         ends = not first and (window[0][0] in self.stops or self.room() <= 1)
         if not ends:
             for i in range(accepted, run):
@@ -203,8 +205,10 @@ class _Hybrid:
                     checked += kind == "copy"
                     if kind == "fill":
                         self.fill_held = ar(i) == token
+                        judged += 1
                     if ar(i) != token:
                         replacement, rejected, copy_failed = ar(i), True, kind == "copy"
+                        fill_failed = kind == "fill"
                         break
                 accepted += 1
                 if token in self.stops or accepted >= self.room():
@@ -213,6 +217,7 @@ class _Hybrid:
             else:
                 replacement = ar(run)
         self.rested(checked, copy_failed)
+        self.fills_rested(judged, fill_failed)
         self.commit([s[0] for s in window[:accepted]])
         del window[:accepted]
         if not self.done and not ends and replacement is not None:
@@ -243,7 +248,10 @@ class _Hybrid:
             self.window[still[i][1]] = (tokens[i], "sure" if sure[0] else "fill")
         if chosen[0] != 0:  # the leftmost open mask too, a draft for AR to judge: the next one a check reaches
             self.window[still[0][1]] = (tokens[0], "fill")
-        self.masks = min(self.w, max(2, 4 * len(chosen))) if sure[0] else 2  # four slots per sure fill, two at least
+        if sure[0]:  # four slots per sure fill, two at least
+            self.masks = min(self.w, max(2, 4 * len(chosen)))
+        elif self.masks != 0:  # two where it was sure of nothing; a rest goes on
+            self.masks = 2
 
     def commit_ending(self) -> None:
         """A run of the final token and fills that reaches a stop token or the budget commits without a forward."""
@@ -262,6 +270,20 @@ class _Hybrid:
             if t in self.stops or len(self.committed) == self.end:
                 self.done = True
                 return
+
+    def fills_rested(self, judged: int, failed: bool) -> None:
+        """The model's fills rest where it was sure of nothing and AR rejected one (two masks or fewer): no masks
+        until `wait` quiet steps (no fill judged) pass while copies are not being tried; each rest doubles the
+        wait, a kept fill resets it."""
+        rest, copying = self.fill_rest, self.rest["size"] not in (None, 0)
+        if judged and failed and self.masks is not None and self.masks <= 2:
+            self.masks, rest["quiet"], rest["wait"] = 0, 0, min(LONGEST_WAIT, rest["wait"] * 2)
+        elif judged and not failed:
+            rest["wait"] = 1
+        elif not judged and self.masks == 0 and not copying:
+            rest["quiet"] += 1
+            if rest["quiet"] >= rest["wait"]:
+                self.masks = 2
 
     def rested(self, checked: int, rejected: bool) -> None:
         """The context source's rest: after PATIENCE tries in a row whose first copy failed it rests, tries PROBE

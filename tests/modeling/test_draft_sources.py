@@ -3,7 +3,14 @@
 from conftest import EOS_ID
 
 from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
-from wedlm_hf.modeling.draft_sources import CONTEXT_DRAFTS, MODEL_DRAFTS, MODEL_FILLS, draft_sources, report_verdicts
+from wedlm_hf.modeling.draft_sources import (
+    CONTEXT_DRAFTS,
+    MODEL_DRAFTS,
+    MODEL_FILLS,
+    UNSURE,
+    draft_sources,
+    report_verdicts,
+)
 from wedlm_hf.modeling.draft_windows import PATIENCE
 
 
@@ -96,3 +103,31 @@ def test_a_resting_model_source_waits_while_copies_are_tried_and_not_once_they_r
         report_verdicts(row, {"context": 1}, rejected_kind="context")
     assert row.context_window.size == 0
     assert row.model_window.size == 2  # the step that sent copies to rest was a quiet one for the model: its try
+
+
+def test_default_fills_rest_where_the_model_is_sure_of_nothing_and_its_fill_failed():
+    """Section 3.m: two masks a step while the model is sure of nothing; once AR rejects such a fill the row feeds
+    no masks (AR's token and copies only, as a lossless row whose drafts rest) until its quiet steps pass; a fill
+    the model is sure of ends the rest at once."""
+    row = row_with([Fill(4, final=True)], window_size=8)
+    window = row.model_window
+    window.fitted(8, confident=0)
+    report_verdicts(row, {UNSURE: 1}, rejected_kind=UNSURE)
+    assert MODEL_FILLS.place(row, masks=8) == 0 and window.wait == 2
+    window.fitted(8, confident=0)  # the fill of the masks fed with the rejected one: the rest goes on
+    assert MODEL_FILLS.place(row, masks=8) == 0
+    report_verdicts(row, {}, rejected_kind=None)
+    assert MODEL_FILLS.place(row, masks=8) == 0  # one quiet step of the two
+    report_verdicts(row, {}, rejected_kind=None)
+    assert MODEL_FILLS.place(row, masks=8) == 2  # tried again
+    report_verdicts(row, {UNSURE: 1}, rejected_kind=None)
+    assert window.wait == 1  # a kept fill: the next rest is short again
+    window.fitted(8, confident=2)
+    report_verdicts(row, {UNSURE: 1}, rejected_kind=UNSURE)  # beside fills it was sure of: no rest
+    assert MODEL_FILLS.place(row, masks=8) == 8
+    window.size = 0
+    window.fitted(8, confident=1)
+    assert MODEL_FILLS.place(row, masks=8) == 4
+    lossless = row_with([Fill(4, final=True)], lossless=True)
+    report_verdicts(lossless, {UNSURE: 1}, rejected_kind=UNSURE)  # no lossless source hears this kind
+    assert lossless.model_window.held is None

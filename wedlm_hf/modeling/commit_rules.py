@@ -10,7 +10,7 @@ fill, a row whose window already runs to its end commits it without another forw
 """
 
 from .decoding_state import DecodingRow, Fill
-from .draft_sources import report_verdicts
+from .draft_sources import UNSURE, report_verdicts
 from .draft_verification import ArPredictions
 from .grammar_commit import valid_prefix
 from .grammar_hook import commit_valid
@@ -39,7 +39,7 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
     accepted, replacement, room = first, None, settings.max_new_tokens - len(row.generated)
     ends = any(slot.token in settings.stop_ids for slot in row.window[:first]) or first >= room
     rejected = False
-    checked = {"model": 0, "context": 0, "forced": 0, "constrained": 0}
+    checked = {"model": 0, "context": 0, "forced": 0, "constrained": 0, UNSURE: 0}
     rejected_by = None
     if not ends:
         for i in range(first, run):
@@ -53,13 +53,15 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
             replacement = ar.judge(i - first, slot)
             context = slot.source == "context"
             sourced = settings.lossless or not row.judged_own(slot)  # not the default mode's unsure fill
-            checked[slot.source] += sourced
+            kind = slot.source if sourced else UNSURE
             if not sourced and (not settings.sampler.do_sample or (slot.verifiable and slot.q is not None)):
                 row.unsure_fill_held = replacement is None  # (a fill replaced by a fresh draw was not judged)
+                checked[UNSURE] += 1
+            checked[slot.source] += sourced
             if replacement is not None:
                 row.stats.rejected_drafts += 1
                 row.stats.rejected_context_drafts += context
-                rejected, rejected_by = True, slot.source if sourced else None
+                rejected, rejected_by = True, kind
                 break
             row.stats.accepted_drafts += 1
             row.stats.accepted_context_drafts += context

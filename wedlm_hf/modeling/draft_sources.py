@@ -20,6 +20,8 @@ from .context_drafts import LONG_MATCH, copy_from_context
 from .decoding_state import OWN_SOURCES, DecodingRow
 from .draft_windows import GROWTH, JOIN_MASKS
 
+UNSURE = "unsure"  # the verdicts' kind of a default row's unsure fills (their `Fill.source` is the model's)
+
 
 class DraftSource:
     """One source of drafts (see the module docstring). `kinds`: the `Fill.source` values its drafts carry."""
@@ -69,13 +71,14 @@ class ModelDrafts(DraftSource):
 class ModelFills(DraftSource):
     """A verifying default-mode row's own fills (docs/algorithm.md section 3.m): the masks the step fills by the
     entropy rule; the confident ones commit without a check as the paper's rule commits them, the unsure ones are
-    judged by AR (and tell the context source, not this one: `DecodingRow.unsure_fill_held`). As many slots after
-    the leading run as its last fill earned (`DraftWindow.fitted`: four per fill the model was sure of, two where it
-    was sure of nothing), W where a wider forward costs next to nothing (`DecodingRow.free_width`); none below two:
-    the first slot after the run is taken by AR's next token whenever the run commits whole. Masks a wider window
-    left past that are dropped (fills there stay)."""
+    judged by AR (their verdicts come as kind UNSURE; the context source reads the last, `unsure_fill_held`). As
+    many slots after the leading run as its last fill earned (`DraftWindow.fitted`: four per fill the model was sure
+    of, two where it was sure of nothing, none while resting after such a fill failed: `DraftWindow.judged`), W where
+    a wider forward costs next to nothing (`DecodingRow.free_width`); none below two: the first slot after the run
+    is taken by AR's next token whenever the run commits whole. Masks a wider window left past that are dropped
+    (fills there stay)."""
 
-    kinds = OWN_SOURCES
+    kinds = (UNSURE,)
 
     def place(self, row: DecodingRow, masks: int) -> int:
         window = row.model_window
@@ -90,7 +93,8 @@ class ModelFills(DraftSource):
         return size
 
     def update(self, row: DecodingRow, checked: int, rejected: bool, paused: bool) -> None:
-        pass  # its size follows the fills (`DraftWindow.fitted`), not the verdicts
+        if not row.free_width:
+            row.model_window.judged(checked, rejected, paused)
 
 
 class ContextDrafts(DraftSource):

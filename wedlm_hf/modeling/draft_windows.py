@@ -38,9 +38,24 @@ class DraftWindow:
 
     def fitted(self, limit: int, confident: int) -> None:
         """A default-mode row's masks (docs/algorithm.md section 3.m), after a fill that saw them: GROWTH per fill
-        under the threshold, at least `smallest` (AR's token and the rule's fallback fill, a draft that AR checks
-        in the next forward), at most W (`limit`)."""
-        self.size, self.held = min(limit, max(self.smallest, GROWTH * confident)), confident > 0
+        under the threshold, at most W (`limit`); else `smallest` (AR's token and the rule's fallback fill, a draft
+        that AR checks in the next forward), or 0 while the row rests (`judged`)."""
+        if confident:
+            self.size, self.held = min(limit, max(self.smallest, GROWTH * confident)), True
+        elif self.size:  # a resting window stays at rest
+            self.size, self.held = self.smallest, False
+
+    def judged(self, checked: int, rejected: bool, paused: bool) -> None:
+        """A default-mode row's unsure fills' verdicts: one rejected where the model was sure of nothing rests the
+        window, as lossless mode's rests, until `wait` quiet steps that are not `paused`."""
+        if checked and rejected and self.size <= self.smallest:
+            self.size, self.quiet, self.wait = 0, 0, min(MAX_PROBE_WAIT, self.wait * 2)
+        elif checked and not rejected:
+            self.wait = 1
+        elif not checked and self.size == 0 and not paused:
+            self.quiet += 1
+            if self.quiet >= self.wait:
+                self.size = self.smallest
 
     def update(self, limit: int, checked: int, rejected: bool, paused: bool = False) -> None:
         if checked:
