@@ -6,6 +6,7 @@ import torch
 
 from wedlm_hf.cli import build_parser
 from wedlm_hf.evaluation.step_benchmark import HostReads, run_step_benchmark, step_model
+from wedlm_hf.evaluation.step_calls import TARGET_OPS, per_step_counts
 
 
 def test_host_reads_are_counted():
@@ -60,3 +61,17 @@ def test_every_cell_is_measured_and_reported():
     added = report["per_added_row"]
     assert added["WeDLM default"][0] == counts[2]["WeDLM default"][0] - counts[1]["WeDLM default"][0]
     assert any(line.startswith("WeDLM default") and line.endswith(("PASS", "FAIL")) for line in lines)
+
+
+def test_torch_operators_per_step_do_not_grow_with_the_batch():
+    """Issue 57's operator target, counted (not timed): from 8 to 24 rows a step costs at most one more torch
+    operator per added row in every mode (a per-row view of the logits, or of a sampled fill's distribution, would
+    cost one per row or per fill)."""
+    model, g = step_model(), torch.Generator().manual_seed(0)
+    lengths = {"AR generate": (24, 8), "WeDLM default": (48, 16), "WeDLM lossless": (48, 16), "WeDLM sampled": (48, 16)}
+    counts = {
+        batch: per_step_counts(model, torch.randint(0, 511, (batch, 8), generator=g), 8, lengths) for batch in (8, 24)
+    }
+    for mode in lengths:
+        added = (counts[24][mode][1] - counts[8][mode][1]) / 16
+        assert added <= TARGET_OPS, (mode, added)

@@ -10,7 +10,7 @@ mask, and only a grammar row, and a lossless row under a context-reading process
 
 import torch
 
-from .decoding_state import DecodingRow, Fill
+from .decoding_state import DecodingRow, DrawnRow, Fill
 from .step_draws import chosen_distributions
 from .step_feed import open_masks
 from .step_readout import StepReadout
@@ -96,5 +96,5 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int,
         for i, token in enumerate(tokens.tolist()):
             b, c = chosen[members[i]]
             keep = probs is not None and (rows[b].verifies or rows[b].settings.keep_logits)
-            out[b, c] = (token, probs[i] if keep else None)
+            out[b, c] = (token, DrawnRow(probs, i) if keep else None)
     return out

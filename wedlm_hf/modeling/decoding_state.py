@@ -7,6 +7,7 @@ refill (`window_refill`) place new tokens and masks. Nothing here reads a tensor
 """
 
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -106,11 +107,27 @@ class Fill:
 
     token: int
     final: bool = False
-    q: torch.Tensor | None = None
+    q: "torch.Tensor | DrawnRow | None" = None
     verifiable: bool = True
     source: str = "model"
     guess: bool = False
     confident: bool = False
+
+    def distribution(self) -> torch.Tensor | None:
+        """q as a tensor. A fill drawn with others holds its row of their block until q is read (`DrawnRow`)."""
+        q = self.q
+        if isinstance(q, DrawnRow):
+            q = self.q = q.block[q.index]
+        return q
+
+
+class DrawnRow(NamedTuple):
+    """The distribution a fill was drawn from: row `index` of the `block` its step drew from. Taking the row is an
+    operator a fill would otherwise cost whether or not anything reads it; most are never read (every fill a
+    default row trusts)."""
+
+    block: torch.Tensor
+    index: int
 
 
 @dataclass(eq=False)
@@ -261,7 +278,7 @@ class DecodingRow:
             for _ in tokens:
                 self._take_logits()
         if settings.keep_logits and not settings.lossless:
-            self.draws += [slot.q for slot in self.window[:kept]]
+            self.draws += [slot.distribution() for slot in self.window[:kept]]
         self.generated += tokens
         if self.grammar is not None:
             for slot in self.window[:kept]:

@@ -60,7 +60,7 @@ class ArPredictions:
         elif not draft.verifiable or draft.q is None:
             return self.choices[i]
         else:
-            q = draft.q
+            q = draft.distribution()
             if self.uniforms[i] * float(q[draft.token]) < float(p[draft.token]):
                 return None
             residual = (p - q).clamp_min(0)

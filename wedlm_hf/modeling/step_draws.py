@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from .decoding_state import DecodingRow
+from .decoding_state import DecodingRow, DrawnRow
 from .draft_verification import ArPredictions, device_index, sampler_blocks, split_sizes
 
 Pending = tuple[list[torch.Tensor], Callable[[list[list[float]]], dict]]  # tensors to read; what their values give
@@ -122,7 +122,7 @@ def draft_verdicts(sampler, probs: torch.Tensor, drafts: list) -> list[torch.Ten
         point = [k for k, i in enumerate(judged) if drafts[i].source in ("context", "forced") or drafts[i].guess]
         drawn = sorted(set(range(len(judged))) - set(point))
         if drawn:
-            q[device_index(drawn, p)] = torch.stack([drafts[judged[k]].q for k in drawn]).to(p.dtype)
+            q[device_index(drawn, p)] = torch.stack([drafts[judged[k]].distribution() for k in drawn]).to(p.dtype)
         if point:
             at = device_index(point, p)
             q[at, tokens[at]] = 1.0
@@ -176,9 +176,9 @@ def chosen_distributions(drawn: dict, chosen: list) -> None:
     blocks: dict[int, tuple] = {}
     for key in chosen:
         q = drawn[key][1]
-        if isinstance(q, tuple):
+        if isinstance(q, tuple) and not isinstance(q, DrawnRow):  # drawn early: (every fed mask's block, row)
             blocks.setdefault(id(q[0]), (q[0], []))[1].append(key)
     for block, keys in blocks.values():
         kept = block.index_select(0, device_index([drawn[key][1][1] for key in keys], block))
         for j, key in enumerate(keys):
-            drawn[key] = (drawn[key][0], kept[j])
+            drawn[key] = (drawn[key][0], DrawnRow(kept, j))

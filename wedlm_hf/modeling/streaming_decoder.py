@@ -150,8 +150,10 @@ class StreamingDecoder:
         logits = self.kv.forward(feed.ids, feed.positions, feed.valid, columns, feed.prefill, feed.counts)
         column = {c: j for j, c in enumerate(columns)}
         ar_rows = {b: [column[c] for c in cs] for b, cs in ar_columns.items()}
-        for b, cs in ar_rows.items():
-            _follow_ar_logits(rows[b], logits[b], cs, feed.starts[b], feed.runs[b], sparse.get(b))
+        for b, cs in ar_rows.items():  # only the rows that use them take a view of their logits (an operator each)
+            row = rows[b]
+            if row.tracks_logits or (row.grammar is not None and row.settings.lossless):
+                _follow_ar_logits(row, logits[b], cs, feed.starts[b], feed.runs[b], sparse.get(b))
         _without_the_mask(rows, logits, ar_rows, self.mask_token_id)
         early = (feed.runs, feed.masks) if self.draws_before_read else (None, None)
         readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows, *early)
@@ -247,8 +249,8 @@ class StreamingDecoder:
 
 
 def _follow_ar_logits(row: DecodingRow, logits: torch.Tensor, columns: list[int], start: int, run: int, sparse):
-    """A row that follows its AR logits takes this step's (`next_logits` / `step_logits`, which its commit reads);
-    a lossless row under a grammar has them restricted in place to what the grammar allows."""
+    """A row that follows its AR logits (`tracks_logits`) takes this step's (`next_logits` / `step_logits`, which
+    its commit reads); a lossless row under a grammar has them restricted in place to what the grammar allows."""
     if row.tracks_logits:
         own = logits[columns]
         if start:  # a joining row's last prompt token predicts slot 0
