@@ -24,7 +24,8 @@ UNSURE = "unsure"  # the verdicts' kind of a default row's unsure fills (their `
 
 
 class DraftSource:
-    """One source of drafts (see the module docstring). `kinds`: the `Fill.source` values its drafts carry."""
+    """One source of drafts (see the module docstring). `kinds`: the kinds its drafts' verdicts are counted under
+    (`Fill.source` values, or UNSURE for a default row's unsure fills)."""
 
     kinds: tuple[str, ...] = ()
 
