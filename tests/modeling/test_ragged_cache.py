@@ -76,6 +76,38 @@ def test_step_mask_is_the_mask_transformers_builds(model64):
     assert torch.equal(ours, theirs.expand_as(ours)) and not ours[1, 0, 0, 2]
 
 
+@torch.no_grad()
+def test_one_token_a_row_on_a_cache_without_holes_takes_no_mask(model64, monkeypatch):
+    """AR's step: one real token a row on top of columns all valid attends to every key, so it is run without a
+    mask (sdpa's faster kernel), with the logits the mask gives; a hole, or a row that feeds padding, brings the
+    mask back."""
+    seen = []
+    forward = model64.forward
+
+    def watch(*args, **kwargs):
+        seen.append(kwargs["attention_mask"])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model64, "forward", watch)
+    ids, mask = prompts(2, lengths=(6, 6))
+    caches = [ragged_cache.RaggedCache(model64, 2, max_dead=16) for _ in range(2)]
+    for kv in caches:
+        kv.forward(ids, torch.arange(6).expand(2, -1), mask.bool(), [5], counts=[6, 6])
+        kv.keep_leading(6, [6, 6])
+    step = (torch.tensor([[7], [8]]), torch.full((2, 1), 6), torch.ones(2, 1, dtype=torch.bool), [0])
+    dense = caches[0].forward(*step, counts=[1, 1])
+    assert seen[-1] is None
+    masked = caches[1].forward(*step)  # no counts: the mask
+    assert seen[-1] is not None and torch.allclose(dense, masked, atol=1e-6)
+    kv = caches[0]
+    kv.keep_leading(1, [1, 1])
+    kv.forward(*step, counts=[1, 0])  # a row that feeds only padding
+    assert seen[-1] is not None
+    kv.keep_leading(1, [1, 0])  # its column is a hole now
+    kv.forward(*step, counts=[1, 1])
+    assert seen[-1] is not None
+
+
 def test_remote_code_models_keep_the_2d_mask():
     """A model class from outside transformers (remote code) may build its masks from the 2D mask itself: it gets
     that; a stock class gets the 4D mask under sdpa."""
