@@ -170,7 +170,12 @@ class Costs(Widths):
 
     def hook(self, module, args, kwargs):
         batch, width = kwargs["input_ids"].shape
-        self.shapes.append((batch, width, kwargs["attention_mask"].shape[-1]))
+        mask = kwargs["attention_mask"]
+        if mask is None:  # a step of one token a row on a cache without holes: every key, cached or fed
+            cache = next(value for value in kwargs.values() if hasattr(value, "get_seq_length"))
+            self.shapes.append((batch, width, cache.get_seq_length() + width))
+        else:
+            self.shapes.append((batch, width, mask.shape[-1]))
 
 
 def test_beside_decoding_rows_a_long_prompt_is_chunked_by_its_cost(model):

@@ -4,7 +4,7 @@ Where text repeats (code, lists, quotes), the tokens that followed the last occu
 good guess of what comes next: prompt lookup decoding's rule. In lossless mode a draft's source does not change the
 output (verification keeps AR's tokens), so such drafts can fill the window's masks beside the model's own. The
 index keeps a row's committed text as fixed-width bytes, grown as tokens commit, so a look-up is a substring search
-from the end (`bytes.rfind`, in C): its host cost is a few calls per n-gram size, whatever the text's length and
+backwards (`bytes.rfind`, in C): its host cost is a few calls per n-gram size, whatever the text's length and
 however often the suffix's first token occurs.
 
 On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
