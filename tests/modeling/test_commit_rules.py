@@ -53,6 +53,23 @@ def test_the_default_mode_with_context_drafts_commits_its_fills_and_the_copies_a
     assert commit_ending(unsure) == 0 and not unsure.done  # and so does the fallback fill
 
 
+def test_a_default_rows_fills_rest_only_after_a_fill_ar_judged_failed():
+    """Section 3.m: an unsure fill AR rejects rests the row's fills (two masks at most); a sampled fill drawn with a
+    mask before it, which a fresh draw replaces without a verdict, does not, even after a kept one."""
+    row = decoding_row([Fill(5, final=True), Fill(6), None], context_drafts=True)
+    row.model_window.fitted(8, confident=0)
+    assert commit(row, 2, ArPredictions(FillSampler(), [9, 4])) == (1, False)
+    assert row.model_window.size == 0 and row.unsure_fill_held is False
+    sampled = FillSampler(do_sample=True)
+    row = decoding_row([Fill(5, final=True), Fill(6, q=object()), Fill(7, verifiable=False)], context_drafts=True)
+    row.settings.sampler = sampled
+    row.model_window.fitted(8, confident=0)
+    verdicts = [(6, True, 0), None, None]  # the first kept; the second has no verdict: AR's fresh draw 8 replaces it
+    assert commit(row, 3, ArPredictions(sampled, [6, 8, 3], verdicts=verdicts)) == (2, False)
+    assert row.generated == [5, 6] and window_tokens(row) == [8]
+    assert row.model_window.size == 2 and row.unsure_fill_held is True
+
+
 def test_lossless_mode_commits_the_drafts_ar_confirms_and_places_ars_token_after_them():
     # Slot 0 is the final token; AR agrees with the draft at slot 1, not with the one at slot 2 (it says 12).
     row = decoding_row([Fill(5, final=True), Fill(6), Fill(7), Fill(8), None], lossless=True)

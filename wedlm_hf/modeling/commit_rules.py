@@ -53,15 +53,16 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
             replacement = ar.judge(i - first, slot)
             context = slot.source == "context"
             sourced = settings.lossless or not row.judged_own(slot)  # not the default mode's unsure fill
-            kind = slot.source if sourced else UNSURE
-            if not sourced and (not settings.sampler.do_sample or (slot.verifiable and slot.q is not None)):
-                row.unsure_fill_held = replacement is None  # (a fill replaced by a fresh draw was not judged)
+            # A default row's unsure fill is judged unless sampled unverifiably: then a fresh draw replaces it
+            judged = not sourced and (not settings.sampler.do_sample or (slot.verifiable and slot.q is not None))
+            if judged:
+                row.unsure_fill_held = replacement is None
                 checked[UNSURE] += 1
             checked[slot.source] += sourced
             if replacement is not None:
                 row.stats.rejected_drafts += 1
                 row.stats.rejected_context_drafts += context
-                rejected, rejected_by = True, kind
+                rejected, rejected_by = True, slot.source if sourced else UNSURE if judged else None
                 break
             row.stats.accepted_drafts += 1
             row.stats.accepted_context_drafts += context
