@@ -4,7 +4,7 @@ import time
 
 import httpx
 import pytest
-from live_server import MODEL_ID, LiveServer
+from live_server import MODEL_ID, LiveServer, shipped
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -64,7 +64,11 @@ def test_each_response_format_compile_is_timed():
 def test_requests_whose_client_went_away_are_counted_as_such():
     """A stream abandoned after its first chunk and a plain request whose client timed out are counted with status
     499 (nginx's "client closed request"); before, requests that ended this way were missing from the counter."""
-    slow = {"model": MODEL_ID, "prompt": "count to 500:", "max_tokens": 400, "wedlm_entropy_threshold": None}
+    # One token a forward and no drafts, so neither request can finish before its client leaves (about 4 s of work
+    # here against the 0.3 s read timeout; the default mode writes 400 tokens in 0.2 s).
+    slow = {"model": MODEL_ID, "prompt": "count to 500:", "max_tokens": 1000}
+    no_end = {str(shipped()[1].eos_token_id): -100}
+    slow |= {"wedlm_window_size": 1, "wedlm_context_drafts": False, "logit_bias": no_end}
     with LiveServer() as server:
         with httpx.stream("POST", f"{server.url}/v1/completions", json={**slow, "stream": True}, timeout=60) as stream:
             for line in stream.iter_lines():
