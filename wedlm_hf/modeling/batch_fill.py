@@ -10,7 +10,7 @@ mask, and only a grammar row, and a lossless row under a context-reading process
 
 import torch
 
-from .decoding_state import DecodingRow, DrawnRow, Fill
+from .decoding_state import DecodingRow, Fill
 from .step_draws import chosen_distributions
 from .step_feed import open_masks
 from .step_readout import StepReadout
@@ -25,8 +25,9 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
     if readout.scores is None:
         return
     n_masks, entropies, top, early = readout.scores.shape[1], readout.entropies, readout.top, readout.drawn
-    chosen, slots, sure = [], {}, {}  # (batch row, mask column) of the rows with their own draw, in slot order;
-    # their slots and whether each passed the threshold
+    # Rows with their own draw: their (batch row, mask column) keys in slot order, grouped by sampler, with each key's
+    # window slot and whether it passed the threshold; and which rows keep the distributions their fills came from.
+    groups, slots, sure, keeps = {}, {}, {}, {}
     for b, row in enumerate(rows):
         pairs = open_masks(row, masks[b], n_masks) if masks[b] and not row.done else ()
         if not pairs:
@@ -34,34 +35,38 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
         settings, columns = row.settings, [c for c, _ in pairs]
         offsets, row_entropies = [slot for _, slot in pairs], [entropies[b][c] for c in columns]
         picks = choose_fills(row_entropies, offsets, settings.entropy_threshold, settings.pos_penalty_factor)
-        if row.verifies and picks[0] != 0:  # the leftmost mask is the next draft a verification reaches
+        verifies = row.verifies
+        if verifies and picks[0] != 0:  # the leftmost mask is the next draft a verification reaches
             picks = [0, *picks]
         confident = _confident(picks, row_entropies, offsets, settings)
-        if row.verifies and not settings.lossless:  # the masks the next step feeds: what these earned (3.m)
+        if verifies and not settings.lossless:  # the masks the next step feeds: what these earned (3.m)
             row.model_window.fitted(settings.window_size, sum(confident))
         if not settings.sampler.own_choice:  # the batch's greedy tokens
             window, tops = row.window, top[b]
             for i, sure_i in zip(picks, confident):
                 window[offsets[i]] = Fill(int(tops[columns[i]]), confident=sure_i)
             continue
-        for i, sure_i in zip(picks, confident):
-            chosen.append((b, columns[i]))
-            slots[b, columns[i]], sure[b, columns[i]] = offsets[i], sure_i
-    if not chosen:
+        keys = [(b, columns[i]) for i in picks]
+        groups.setdefault(id(settings.sampler), []).extend(keys)
+        slots.update(zip(keys, [offsets[i] for i in picks]))
+        sure.update(zip(keys, confident))
+        keeps[b] = (verifies or settings.keep_logits, verifies and settings.sampler.do_sample, keys)
+    if not groups:
         return
-    drawn = _draw(rows, readout.scores, [key for key in chosen if key not in early], slots)
-    drawn |= {key: early[key] for key in chosen if key in early}
-    chosen_distributions(drawn, chosen)
-    for b, c in chosen:
-        token, q = drawn[b, c]
-        rows[b].window[slots[b, c]] = Fill(token, q=q, confident=sure[b, c])
-    first_masks = {}  # per verifying sampled row, its window's first mask after this fill
-    for b, c in chosen:
-        row = rows[b]
-        if row.verifies and row.settings.sampler.do_sample:  # a draft drawn after a mask before it was
-            if b not in first_masks:  # filled may have steered that one
-                first_masks[b] = row.leading_run()
-            row.window[slots[b, c]].verifiable = slots[b, c] <= first_masks[b]
+    drawn = _draw(rows, readout.scores, [[k for k in keys if k not in early] for keys in groups.values()], slots, keeps)
+    if early:
+        taken = [key for keys in groups.values() for key in keys if key in early]
+        drawn |= {key: early[key] for key in taken}
+        chosen_distributions(drawn, taken)
+    for b, (_, checks_draws, keys) in keeps.items():
+        window = rows[b].window
+        for key in keys:
+            token, q = drawn[key]
+            window[slots[key]] = Fill(token, q=q, confident=sure[key])
+        if checks_draws:  # a verifying sampled row: a draft drawn after a mask before it was filled may have
+            first_mask = rows[b].leading_run()  # steered that one
+            for key in keys:
+                window[slots[key]].verifiable = slots[key] <= first_mask
 
 
 def _confident(picks: list[int], entropies: list[float], offsets: list[int], settings) -> list[bool]:
@@ -72,29 +77,29 @@ def _confident(picks: list[int], entropies: list[float], offsets: list[int], set
     return [entropies[i] + penalty * (offsets[i] - offsets[0]) < threshold for i in picks]
 
 
-def _draw(rows: list[DecodingRow], scores: torch.Tensor, chosen: list[tuple[int, int]], slots: dict) -> dict:
-    """(row, column) -> (token, the distribution it was drawn from where a verifying row needs it) for the
-    chosen (row, column) masks (at window slots `slots[row, column]`) of rows with their own draw; rows sharing one
-    sampler draw together, in `chosen`'s order. A context-reading processor sees, at each mask, the committed text
-    and the window's filled slots before it, up to the first mask (exact for the leftmost mask; docs/usage.md)."""
-    groups: dict[int, list[int]] = {}
-    for k, (b, _) in enumerate(chosen):
-        groups.setdefault(id(rows[b].settings.sampler), []).append(k)
+def _draw(rows: list[DecodingRow], scores: torch.Tensor, groups: list[list[tuple]], slots: dict, keeps: dict) -> dict:
+    """(row, column) -> (token, the distribution it was drawn from where a verifying row or keep_logits needs it:
+    (the block, its row)) for the chosen (row, column) masks (at window slots `slots[row, column]`) of rows with
+    their own draw, in `groups` of rows that share one sampler, each in row and slot order. A context-reading
+    processor sees, at each mask, the committed text and the window's filled slots before it, up to the first mask
+    (exact for the leftmost mask; docs/usage.md)."""
     out = {}
-    for members in groups.values():
-        sampler = rows[chosen[members[0]][0]].settings.sampler
-        block = scores[[chosen[k][0] for k in members], [chosen[k][1] for k in members]]
+    for keys in groups:
+        if not keys:
+            continue
+        sampler = rows[keys[0][0]].settings.sampler
+        block = scores[[b for b, _ in keys], [c for _, c in keys]]
         contexts = None
-        if sampler.reads_context:  # each row's contexts from one tensor (members are in row order)
+        if sampler.reads_context:  # each row's contexts from one tensor (keys are in row order)
             wanted: dict[int, list[int]] = {}
-            for k in members:
-                b, c = chosen[k]
+            for b, c in keys:
                 wanted.setdefault(b, []).append(min(slots[b, c], rows[b].leading_run()))
             contexts = [ids for b, ks in wanted.items() for ids in rows[b].contexts(ks, scores.device)]
         probs = sampler.probabilities(block, contexts) if sampler.do_sample else None
         tokens = sampler.draw(probs) if sampler.do_sample else sampler(block, contexts)
-        for i, token in enumerate(tokens.tolist()):
-            b, c = chosen[members[i]]
-            keep = probs is not None and (rows[b].verifies or rows[b].settings.keep_logits)
-            out[b, c] = (token, DrawnRow(probs, i) if keep else None)
+        keep = probs is not None
+        out |= {
+            key: (token, (probs, i) if keep and keeps[key[0]][0] else None)
+            for i, (key, token) in enumerate(zip(keys, tokens.tolist()))
+        }
     return out

@@ -42,14 +42,17 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
     checked = {"model": 0, "context": 0, "forced": 0, "constrained": 0, UNSURE: 0}
     rejected_by = None
     if not ends:
-        for i in range(first, run):
-            slot = row.window[i]
-            if row.trusts(slot):  # the entropy rule's confident fill (default mode): it commits as the paper's does
-                accepted += 1
-                if slot.token in settings.stop_ids or accepted >= room:
-                    ends = True
+        i = first
+        while i < run:
+            trusted = row.first_untrusted(i, run)
+            if trusted > i:  # the entropy rule's confident fills (default mode): they commit as the paper's do
+                taken, ends = _trusted_stretch(row.window[i:trusted], settings.stop_ids, room - accepted)
+                accepted += taken
+                if ends:
                     break
+                i = trusted
                 continue
+            slot = row.window[i]
             replacement = ar.judge(i - first, slot)
             context = slot.source == "context"
             sourced = settings.lossless or not row.judged_own(slot)  # not the default mode's unsure fill
@@ -70,6 +73,7 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
             if slot.token in settings.stop_ids or accepted >= room:
                 ends = True
                 break
+            i += 1
         else:
             replacement = ar.own_token(run - first)
     report_verdicts(row, checked, rejected_by)
@@ -91,6 +95,18 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
     return kept
 
 
+def _trusted_stretch(slots: list[Fill], stop_ids: frozenset, room: int) -> tuple[int, bool]:
+    """How many of a stretch of trusted fills commit, and whether the row ends with them: all of them, up to and
+    including a stop token, at most `room` (the budget left)."""
+    tokens = [slot.token for slot in slots]
+    taken = len(tokens)
+    if not stop_ids.isdisjoint(tokens):
+        taken = next(k for k, token in enumerate(tokens) if token in stop_ids) + 1
+    if taken >= room:
+        return room, True
+    return taken, taken < len(tokens) or tokens[-1] in stop_ids
+
+
 def commit_ending(row: DecodingRow) -> int:
     """Commits the window through the row's end now, where the next forward would commit just those tokens and
     need nothing after them: the run reaches a stop token or the budget, and no forward can change a token of it.
@@ -107,7 +123,7 @@ def commit_ending(row: DecodingRow) -> int:
             return 0
         run = next((i for i in range(1, run) if row.window[i].source != "forced"), run)
     elif row.verifies:  # the final token and the fills the entropy rule chose, up to the first draft judged by AR
-        run = next((i for i in range(run) if not (row.window[i].final or row.trusts(row.window[i]))), run)
+        run = row.first_untrusted(1 if run and row.window[0].final else 0, run)
     tokens = [slot.token for slot in row.window[:run]]
     room = settings.max_new_tokens - len(row.generated)
     if run < room and settings.stop_ids.isdisjoint(tokens):  # the run does not reach the row's end

@@ -112,10 +112,10 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
     a copy was placed."""
     run = row.leading_run()
     if replace_model_drafts:  # the run up to the model's first draft AR judges (a grammar's forced tokens stay)
-        run = next((i for i in range(1, run) if row.judged_own(row.window[i])), run)
+        run = row.first_judged_own(1, run)
     pending = [slot.token for slot in row.window[:run]]
     stop_ids = row.settings.stop_ids
-    if not run or any(token in stop_ids for token in pending):
+    if not run or not stop_ids.isdisjoint(pending):
         return False
     if row.context is None:
         row.context = ContextIndex()
@@ -137,8 +137,7 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
     window = row.window
     if replace_model_drafts:
         del window[run:]
-    model_fills = [(window[run + i], token) for i, token in enumerate(drafts) if run + i < len(window)]
-    if any(fill is not None and fill.token != token for fill, token in model_fills):
+    if any([fill is not None and fill.token != token for fill, token in zip(window[run:], drafts)]):
         return False
     for i, token in enumerate(drafts):
         slot = run + i

@@ -7,7 +7,6 @@ refill (`window_refill`) place new tokens and masks. Nothing here reads a tensor
 """
 
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple
 
 import torch
 
@@ -107,27 +106,20 @@ class Fill:
 
     token: int
     final: bool = False
-    q: "torch.Tensor | DrawnRow | None" = None
+    q: "torch.Tensor | tuple[torch.Tensor, int] | None" = None
     verifiable: bool = True
     source: str = "model"
     guess: bool = False
     confident: bool = False
 
     def distribution(self) -> torch.Tensor | None:
-        """q as a tensor. A fill drawn with others holds its row of their block until q is read (`DrawnRow`)."""
+        """q as a tensor. A fill drawn with others holds (their block, its row) until q is read: taking the row is an
+        operator a fill would otherwise cost whether or not anything reads it, and most are never read (every fill
+        a default row trusts)."""
         q = self.q
-        if isinstance(q, DrawnRow):
-            q = self.q = q.block[q.index]
+        if type(q) is tuple:
+            q = self.q = q[0][q[1]]
         return q
-
-
-class DrawnRow(NamedTuple):
-    """The distribution a fill was drawn from: row `index` of the `block` its step drew from. Taking the row is an
-    operator a fill would otherwise cost whether or not anything reads it; most are never read (every fill a
-    default row trusts)."""
-
-    block: torch.Tensor
-    index: int
 
 
 @dataclass(eq=False)
@@ -194,6 +186,21 @@ class DecodingRow:
         default-mode row's unsure fills."""
         return slot.source in OWN_SOURCES and not self.trusts(slot)
 
+    def first_untrusted(self, start: int, end: int) -> int:
+        """The first of the filled slots start..end-1 that does not commit unchecked (`trusts`), else `end`: one
+        pass over the run, not a call per slot."""
+        if self.settings.lossless:
+            return min(start, end)
+        trusted = [slot.confident and slot.source in OWN_SOURCES for slot in self.window[start:end]]
+        return start + trusted.index(False) if False in trusted else end
+
+    def first_judged_own(self, start: int, end: int) -> int:
+        """The first of the filled slots start..end-1 that is one of the model's own drafts AR judges
+        (`judged_own`), else `end`."""
+        lossless = self.settings.lossless
+        judged = [slot.source in OWN_SOURCES and (lossless or not slot.confident) for slot in self.window[start:end]]
+        return start + judged.index(True) if True in judged else end
+
     @property
     def tracks_logits(self) -> bool:
         """Whether the row follows the AR logits of the slot after its committed text (`next_logits`)."""
@@ -249,14 +256,13 @@ class DecodingRow:
         can stream them one step early, as an AR server streams a token before its K/V exist."""
         if self.done or self.grammar is not None or not self.prefilled:
             return []
-        room = self.settings.max_new_tokens - len(self.generated)
-        tokens = []
-        for slot in self.window[: min(self.leading_run(), room)]:
-            if self.verifies and not (slot.final or self.trusts(slot)):  # a draft commits only where AR agrees
-                break
-            tokens.append(slot.token)
-            if slot.token in self.settings.stop_ids:
-                break
+        end = min(self.leading_run(), self.settings.max_new_tokens - len(self.generated))
+        if self.verifies and end:  # a draft commits only where AR agrees
+            end = self.first_untrusted(1 if self.window[0].final else 0, end)
+        tokens = [slot.token for slot in self.window[:end]]
+        stop_ids = self.settings.stop_ids
+        if not stop_ids.isdisjoint(tokens):
+            del tokens[next(i for i, token in enumerate(tokens) if token in stop_ids) + 1 :]
         return tokens
 
     def commit(self, count: int) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from .decoding_state import DecodingRow, DrawnRow
+from .decoding_state import DecodingRow
 from .draft_verification import ArPredictions, device_index, sampler_blocks, split_sizes
 
 Pending = tuple[list[torch.Tensor], Callable[[list[list[float]]], dict]]  # tensors to read; what their values give
@@ -171,14 +171,14 @@ def fill_draws(rows: list[DecodingRow], scores: torch.Tensor, masks: list[list[i
 
 
 def chosen_distributions(drawn: dict, chosen: list) -> None:
-    """Gives the `chosen` fills drawn early their q: the rows of their blocks (every fed mask's distribution) that
+    """Gives the `chosen` fills, drawn early, their q: the rows of their blocks (every fed mask's distribution) that
     they were drawn from, gathered once per block so that a kept draft holds its own distribution, not the block."""
     blocks: dict[int, tuple] = {}
     for key in chosen:
         q = drawn[key][1]
-        if isinstance(q, tuple) and not isinstance(q, DrawnRow):  # drawn early: (every fed mask's block, row)
+        if q is not None:  # (every fed mask's block, row)
             blocks.setdefault(id(q[0]), (q[0], []))[1].append(key)
     for block, keys in blocks.values():
         kept = block.index_select(0, device_index([drawn[key][1][1] for key in keys], block))
         for j, key in enumerate(keys):
-            drawn[key] = (drawn[key][0], DrawnRow(kept, j))
+            drawn[key] = (drawn[key][0], (kept, j))

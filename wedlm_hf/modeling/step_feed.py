@@ -119,9 +119,5 @@ def open_masks(row: DecodingRow, masks: list[int], n_masks: int) -> list[tuple[i
     first, base, window = n_masks - len(masks), row.committed, row.window
     if not row.verifies and row.grammar is None:  # the paper's default commit moves only filled slots
         return [(first + j, position - base) for j, position in enumerate(masks)]
-    out = []
-    for j, position in enumerate(masks):
-        slot = position - base
-        if 0 <= slot < len(window) and window[slot] is None:
-            out.append((first + j, slot))
-    return out
+    end = base + len(window)
+    return [(first + j, p - base) for j, p in enumerate(masks) if base <= p < end and window[p - base] is None]
