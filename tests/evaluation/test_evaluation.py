@@ -147,5 +147,6 @@ def test_evaluation_refuses_to_average_a_lossless_difference(tmp_path, char_toke
 
     build_model(dtype=torch.float32).save_pretrained(tmp_path, tokenizer=char_tokenizer)
     monkeypatch.setattr(draft_verification.ArPredictions, "judge", lambda self, i, draft: None)  # accept every draft
+    monkeypatch.setattr(draft_verification.ArPredictions, "held", lambda self, i, tokens: len(tokens))
     with pytest.raises(AssertionError, match=r"lossless decoding differed from plain AR generate on \d+ counting"):
         evaluate(str(tmp_path), items_per_family=3, code_items=1, train_items_per_family=200, threads=1, log=print)

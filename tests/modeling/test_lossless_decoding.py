@@ -230,6 +230,7 @@ def test_a_row_whose_drafts_all_fail_feeds_one_row_per_forward(model64, monkeypa
     from wedlm_hf.modeling.draft_verification import ArPredictions
 
     monkeypatch.setattr(ArPredictions, "judge", lambda self, i, draft: self.choices[i])  # greedy: AR's own token
+    monkeypatch.setattr(ArPredictions, "held", lambda self, i, tokens: 0)  # the same, for a run of drafts at once
     ids, _ = prompts(1)
     ar = model64.generate(ids, do_sample=False, max_new_tokens=400, eos_token_id=None)
     widths = []

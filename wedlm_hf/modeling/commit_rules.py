@@ -9,7 +9,7 @@ checked. Under a grammar, default mode commits the run's valid prefix (`grammar_
 fill, a row whose window already runs to its end commits it without another forward (`commit_ending`).
 """
 
-from .decoding_state import DecodingRow, Fill
+from .decoding_state import OWN_SOURCES, DecodingRow, Fill
 from .draft_sources import UNSURE, report_verdicts
 from .draft_verification import ArPredictions
 from .grammar_commit import valid_prefix
@@ -38,42 +38,26 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
         raise RuntimeError("Lossless decoding lost its final token: this is a bug in wedlm_hf.")
     accepted, replacement, room = first, None, settings.max_new_tokens - len(row.generated)
     ends = any(slot.token in settings.stop_ids for slot in row.window[:first]) or first >= room
-    rejected = False
     checked = {"model": 0, "context": 0, "forced": 0, "constrained": 0, UNSURE: 0}
-    rejected_by = None
+    rejected, rejected_by = False, None
     if not ends:
         i = first
         while i < run:
-            trusted = row.first_untrusted(i, run)
+            trusted = i if settings.lossless else row.first_untrusted(i, run)
             if trusted > i:  # the entropy rule's confident fills (default mode): they commit as the paper's do
                 taken, ends = _trusted_stretch(row.window[i:trusted], settings.stop_ids, room - accepted)
-                accepted += taken
-                if ends:
-                    break
-                i = trusted
-                continue
-            slot = row.window[i]
-            replacement = ar.judge(i - first, slot)
-            context = slot.source == "context"
-            sourced = settings.lossless or not row.judged_own(slot)  # not the default mode's unsure fill
-            # A default row's unsure fill is judged unless sampled unverifiably: then a fresh draw replaces it
-            judged = not sourced and (not settings.sampler.do_sample or (slot.verifiable and slot.q is not None))
-            if judged:
-                row.unsure_fill_held = replacement is None
-                checked[UNSURE] += 1
-            checked[slot.source] += sourced
-            if replacement is not None:
-                row.stats.rejected_drafts += 1
-                row.stats.rejected_context_drafts += context
-                rejected, rejected_by = True, slot.source if sourced else UNSURE if judged else None
+                end = trusted
+            elif not settings.sampler.do_sample:  # greedy verdicts on the drafts up to the next trusted fill
+                end = run if settings.lossless else row.first_trusted(i, run)
+                taken, replacement, rejected_by, ends = _judge_greedy(row, ar, i, end, first, room - accepted, checked)
+            else:
+                taken, replacement, rejected_by, ends = _judge_drawn(row, ar, i, first, room - accepted, checked)
+                end = i + 1
+            accepted += taken
+            if ends or replacement is not None:
+                rejected = replacement is not None
                 break
-            row.stats.accepted_drafts += 1
-            row.stats.accepted_context_drafts += context
-            accepted += 1
-            if slot.token in settings.stop_ids or accepted >= room:
-                ends = True
-                break
-            i += 1
+            i = end
         else:
             replacement = ar.own_token(run - first)
     report_verdicts(row, checked, rejected_by)
@@ -93,6 +77,57 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
     else:
         row.window.append(Fill(replacement, final=True))
     return kept
+
+
+def _judge_greedy(row: DecodingRow, ar: ArPredictions, i: int, end: int, first: int, room: int, checked: dict):
+    """Greedy verdicts on the judged drafts in slots i..end-1 at once (AR's argmax against each draft): how many
+    commit (up to and including a stop token, at most `room`), AR's token in place of the first rejected one
+    (None: none), the kind of that draft's verdict (`report_verdicts`), and whether the row ends. Counts the
+    verdicts in `checked` and the row's statistics, as `_judge_drawn` does draft by draft."""
+    slots = row.window[i:end]
+    tokens = [slot.token for slot in slots]
+    held = ar.held(i - first, tokens)
+    taken, ends, stop_ids = held, False, row.settings.stop_ids
+    if not stop_ids.isdisjoint(tokens[:held]):
+        taken, ends = next(k for k, token in enumerate(tokens) if token in stop_ids) + 1, True
+    if taken >= room:
+        taken, ends = room, True
+    rejects = not ends and held < len(tokens)
+    judged = slots[: taken + rejects]
+    sourced = [row.settings.lossless or slot.source not in OWN_SOURCES for slot in judged]
+    for slot, own_source in zip(judged, sourced):
+        checked[slot.source if own_source else UNSURE] += 1
+    if False in sourced:  # a default row's unsure fills: the last one's verdict
+        row.unsure_fill_held = not (rejects and not sourced[-1])
+    contexts = [slot.source == "context" for slot in judged]
+    row.stats.accepted_drafts += taken
+    row.stats.accepted_context_drafts += contexts[:taken].count(True)
+    if not rejects:
+        return taken, None, None, ends
+    row.stats.rejected_drafts += 1
+    row.stats.rejected_context_drafts += contexts[-1]
+    return taken, ar.own_token(i - first + held), judged[-1].source if sourced[-1] else UNSURE, False
+
+
+def _judge_drawn(row: DecodingRow, ar: ArPredictions, i: int, first: int, room: int, checked: dict):
+    """The verdict on the judged draft in slot i of a sampled row (`ArPredictions.judge`), as `_judge_greedy`'s."""
+    settings, slot = row.settings, row.window[i]
+    replacement = ar.judge(i - first, slot)
+    context = slot.source == "context"
+    sourced = settings.lossless or not row.judged_own(slot)  # not the default mode's unsure fill
+    # A default row's unsure fill is judged unless sampled unverifiably: then a fresh draw replaces it
+    judged = not sourced and (slot.verifiable and slot.q is not None)
+    if judged:
+        row.unsure_fill_held = replacement is None
+        checked[UNSURE] += 1
+    checked[slot.source] += sourced
+    if replacement is not None:
+        row.stats.rejected_drafts += 1
+        row.stats.rejected_context_drafts += context
+        return 0, replacement, slot.source if sourced else UNSURE if judged else None, False
+    row.stats.accepted_drafts += 1
+    row.stats.accepted_context_drafts += context
+    return 1, None, None, slot.token in settings.stop_ids or room <= 1
 
 
 def _trusted_stretch(slots: list[Fill], stop_ids: frozenset, room: int) -> tuple[int, bool]:

@@ -194,6 +194,13 @@ class DecodingRow:
         trusted = [slot.confident and slot.source in OWN_SOURCES for slot in self.window[start:end]]
         return start + trusted.index(False) if False in trusted else end
 
+    def first_trusted(self, start: int, end: int) -> int:
+        """The first of the filled slots start..end-1 that commits unchecked (`trusts`), else `end`."""
+        if self.settings.lossless:
+            return end
+        trusted = [slot.confident and slot.source in OWN_SOURCES for slot in self.window[start:end]]
+        return start + trusted.index(True) if True in trusted else end
+
     def first_judged_own(self, start: int, end: int) -> int:
         """The first of the filled slots start..end-1 that is one of the model's own drafts AR judges
         (`judged_own`), else `end`."""

@@ -32,6 +32,12 @@ class ArPredictions:
         """AR's token at slot i (the argmax, or a draw). The mask token is not suppressed: `generate` does not."""
         return self.choices[i]
 
+    def held(self, i: int, tokens: list[int]) -> int:
+        """Greedy: how many of the drafts `tokens`, at slots i, i + 1, ..., AR's argmax keeps (`judge` on each in
+        turn, up to the first it rejects, in one pass)."""
+        agree = [choice == token for choice, token in zip(self.choices[i : i + len(tokens)], tokens)]
+        return agree.index(False) if False in agree else len(agree)
+
     def judge(self, i: int, draft) -> int | None:
         """None when `draft` (a window `Fill`) commits at slot i; otherwise the token AR decoding puts there.
 
