@@ -29,6 +29,7 @@ def test_benchmark_reports_every_run_and_ratio():
         "wedlm_vs_ar",
         "wedlm_w1_vs_ar",
         "w1_forward_vs_ar_step",
+        "w1_alone_forward_vs_ar_step",
         "batched_vs_singles",
         "wedlm_vs_blockwise_long",
         "blockwise_rows_per_wedlm_row",
@@ -42,6 +43,9 @@ def test_benchmark_reports_every_run_and_ratio():
     assert at_one["tokens"] == 24 and 12 <= at_one["forwards"] <= 24 and at_one["p_cache"] <= 1
     assert any("WeDLM W=1 / AR generate tokens/s" in line for line in lines)
     assert any("WeDLM W=1 seconds per forward / AR seconds per step" in line for line in lines)
+    alone = report["results"]["WeDLM W=1 lossless, no copies, 24 tokens"]  # exactly AR's work: one token a forward
+    assert alone["tokens"] == alone["forwards"] == 24 and alone["p_cache"] == 1
+    assert any("WeDLM W=1 lossless, no copies, seconds per forward" in line for line in lines)
 
 
 def test_compiled_rows_are_timed_and_produce_the_eager_tokens():

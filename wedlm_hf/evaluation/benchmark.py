@@ -145,12 +145,16 @@ def _decoder_runs(model, prompts, new_tokens: int, long_tokens: int, wedlm_args:
         ]
 
     at_one = wedlm_args | dict(wedlm_window_size=1, wedlm_entropy_threshold=None, wedlm_context_drafts=True)
+    ar_work = at_one | dict(wedlm_lossless=True, wedlm_context_drafts=False)
     runs = {
         "ar": ar,
         "wedlm": wedlm_one,
         # W = 1: AR's own token each forward and nothing else (copies from the context aside): AR's work, so its
         # gap to AR is the decoder's machinery
         "wedlm_w1": lambda: model.generate(one, max_new_tokens=new_tokens, **at_one),
+        # Lossless without copies: AR's token alone each forward, exactly AR's work, so its forward against AR's step
+        # is the machinery alone (the default rule at W = 1 feeds its fill and a mask)
+        "wedlm_w1_alone": lambda: model.generate(one, max_new_tokens=new_tokens, **ar_work),
         "batched": lambda: model.generate(prompts, max_new_tokens=new_tokens, **wedlm_args),
         "singles": singles,
     }
@@ -199,6 +203,7 @@ def _rows(timings, new_tokens: int, batch: int, long_tokens: int, compile: bool)
         "ar": (f"AR generate, {new_tokens} tokens", ar("ar")),
         "wedlm": (f"WeDLM, {new_tokens} tokens", wedlm("wedlm")),
         "wedlm_w1": (f"WeDLM W=1 (AR's work), {new_tokens} tokens", wedlm("wedlm_w1")),
+        "wedlm_w1_alone": (f"WeDLM W=1 lossless, no copies, {new_tokens} tokens", wedlm("wedlm_w1_alone")),
         "batched": (f"WeDLM batched x{batch}", wedlm("batched")),
         "singles": (f"WeDLM {batch} single runs", _row(tokens, forwards, rows_fed, timings.best("singles"))),
     }
@@ -220,6 +225,8 @@ def _ratios(rows: dict) -> dict:
     ratios["wedlm_w1_vs_ar"] = faster("wedlm_w1", "ar")
     w1, ar = rows["wedlm_w1"][1], rows["ar"][1]  # a W=1 forward's time against an AR step's: the machinery
     ratios["w1_forward_vs_ar_step"] = (w1["seconds"] / w1["forwards"]) / (ar["seconds"] / ar["forwards"])
+    alone = rows["wedlm_w1_alone"][1]
+    ratios["w1_alone_forward_vs_ar_step"] = (alone["seconds"] / alone["forwards"]) / (ar["seconds"] / ar["forwards"])
     if "wedlm_compiled" in rows:
         ratios["wedlm_compiled_vs_ar_compiled"] = faster("wedlm_compiled", "ar_compiled")
         ratios["wedlm_compiled_vs_wedlm"] = faster("wedlm_compiled", "wedlm")
@@ -253,6 +260,13 @@ def _log_report(log, results: dict, ratios: dict, mismatches: list, batch: int, 
     copies = f" (AR's token each forward, and copies: {w1['tokens_per_forward']:.2f} tokens per forward)"
     log(ratio_line("WeDLM W=1 / AR generate tokens/s", ratios["wedlm_w1_vs_ar"], copies))
     log(ratio_line("WeDLM W=1 seconds per forward / AR seconds per step", ratios["w1_forward_vs_ar_step"]))
+    log(
+        ratio_line(
+            "WeDLM W=1 lossless, no copies, seconds per forward / AR seconds per step",
+            ratios["w1_alone_forward_vs_ar_step"],
+            " (exactly AR's work: the machinery's cost)",
+        )
+    )
     log(ratio_line(f"batched x{batch} / {batch} single runs, tokens/s", ratios["batched_vs_singles"]))
     if backend is not None:
         log(
