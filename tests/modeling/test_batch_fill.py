@@ -136,3 +136,26 @@ def test_greedy_fills_take_one_host_read_and_sampled_rows_draw_alone_or_batched(
 
     alone = [sampled_fills([b])[0] for b in range(4)]
     assert sampled_fills([0, 1, 2, 3]) == alone
+
+
+def test_samplers_draw_in_the_order_of_their_first_row_that_draws_after_the_read():
+    """Where some rows drew before the read (an accelerator) and others draw in the fill (a grammar row), samplers
+    that share a random stream draw in the order of their first row that draws there: the order the decoder had
+    before the fill grouped draws per row (found by review)."""
+    first_sampler, second_sampler = FillSampler(True), FillSampler(True)  # both on the global stream
+    rows = []
+    for b, sampler in enumerate([first_sampler, second_sampler, first_sampler]):
+        settings = DecodingSettings(max_new_tokens=64, window_size=4, entropy_threshold=1e9, sampler=sampler)
+        row = DecodingRow(index=b, prompt=[1, 2, 3], settings=settings, window=[None] * 4)
+        row.prompt_fed = 3
+        rows.append(row)
+    logits = torch.randn((3, 4, VOCAB), generator=torch.Generator().manual_seed(0))
+    readout = read_step(rows, logits, 4, MASK, {})
+    readout.drawn = {(0, c): (7, None) for c in range(4)}  # row 0's fills were drawn before the read
+    torch.manual_seed(123)
+    fill_masks(rows, [[3, 4, 5, 6]] * 3, readout)
+    torch.manual_seed(123)  # row 1 (second sampler) is the first to draw in the fill, then row 2 (first sampler)
+    expected_1 = second_sampler.draw(second_sampler.probabilities(readout.scores[1])).tolist()
+    expected_2 = first_sampler.draw(first_sampler.probabilities(readout.scores[2])).tolist()
+    tokens = [[slot.token for slot in row.window] for row in rows]
+    assert tokens == [[7] * 4, expected_1, expected_2]

@@ -27,7 +27,7 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
     n_masks, entropies, top, early = readout.scores.shape[1], readout.entropies, readout.top, readout.drawn
     # Rows with their own draw: their (batch row, mask column) keys in slot order, grouped by sampler, with each key's
     # window slot and whether it passed the threshold; and which rows keep the distributions their fills came from.
-    groups, slots, sure, keeps = {}, {}, {}, {}
+    groups, slots, sure, keeps, taken = {}, {}, {}, {}, []
     for b, row in enumerate(rows):
         pairs = open_masks(row, masks[b], n_masks) if masks[b] and not row.done else ()
         if not pairs:
@@ -47,15 +47,18 @@ def fill_masks(rows: list[DecodingRow], masks: list[list[int]], readout: StepRea
                 window[offsets[i]] = Fill(int(tops[columns[i]]), confident=sure_i)
             continue
         keys = [(b, columns[i]) for i in picks]
-        groups.setdefault(id(settings.sampler), []).extend(keys)
+        late = [key for key in keys if key not in early] if early else keys
+        if len(late) < len(keys):  # drawn before the read: the row takes those draws
+            taken += [key for key in keys if key in early]
+        if late:  # samplers draw in the order of their first row that draws here
+            groups.setdefault(id(settings.sampler), []).extend(late)
         slots.update(zip(keys, [offsets[i] for i in picks]))
         sure.update(zip(keys, confident))
         keeps[b] = (verifies or settings.keep_logits, verifies and settings.sampler.do_sample, keys)
-    if not groups:
+    if not keeps:
         return
-    drawn = _draw(rows, readout.scores, [[k for k in keys if k not in early] for keys in groups.values()], slots, keeps)
-    if early:
-        taken = [key for keys in groups.values() for key in keys if key in early]
+    drawn = _draw(rows, readout.scores, list(groups.values()), slots, keeps)
+    if taken:
         drawn |= {key: early[key] for key in taken}
         chosen_distributions(drawn, taken)
     for b, (_, checks_draws, keys) in keeps.items():
@@ -85,8 +88,6 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, groups: list[list[tuple
     (exact for the leftmost mask; docs/usage.md)."""
     out = {}
     for keys in groups:
-        if not keys:
-            continue
         sampler = rows[keys[0][0]].settings.sampler
         block = scores[[b for b, _ in keys], [c for _, c in keys]]
         contexts = None

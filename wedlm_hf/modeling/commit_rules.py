@@ -41,14 +41,12 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
     checked = {"model": 0, "context": 0, "forced": 0, "constrained": 0, UNSURE: 0}
     rejected, rejected_by = False, None
     if not ends:
-        i = first
+        trusted, i = row.trusted_slots(first, run), first
         while i < run:
-            trusted = i if settings.lossless else row.first_untrusted(i, run)
-            if trusted > i:  # the entropy rule's confident fills (default mode): they commit as the paper's do
-                taken, ends = _trusted_stretch(row.window[i:trusted], settings.stop_ids, room - accepted)
-                end = trusted
+            end = first + _stretch_end(trusted, i - first)  # slots i..end-1 are all trusted, or all judged
+            if trusted[i - first]:  # the entropy rule's confident fills (default mode): they commit as the paper's do
+                taken, ends = _trusted_stretch(row.window[i:end], settings.stop_ids, room - accepted)
             elif not settings.sampler.do_sample:  # greedy verdicts on the drafts up to the next trusted fill
-                end = run if settings.lossless else row.first_trusted(i, run)
                 taken, replacement, rejected_by, ends = _judge_greedy(row, ar, i, end, first, room - accepted, checked)
             else:
                 taken, replacement, rejected_by, ends = _judge_drawn(row, ar, i, first, room - accepted, checked)
@@ -128,6 +126,12 @@ def _judge_drawn(row: DecodingRow, ar: ArPredictions, i: int, first: int, room: 
     row.stats.accepted_drafts += 1
     row.stats.accepted_context_drafts += context
     return 1, None, None, slot.token in settings.stop_ids or room <= 1
+
+
+def _stretch_end(flags: list[bool], k: int) -> int:
+    """The end of the stretch of equal flags that starts at index k."""
+    rest = flags[k:]
+    return k + rest.index(not rest[0]) if (not rest[0]) in rest else len(flags)
 
 
 def _trusted_stretch(slots: list[Fill], stop_ids: frozenset, room: int) -> tuple[int, bool]:

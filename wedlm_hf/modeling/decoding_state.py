@@ -186,20 +186,17 @@ class DecodingRow:
         default-mode row's unsure fills."""
         return slot.source in OWN_SOURCES and not self.trusts(slot)
 
-    def first_untrusted(self, start: int, end: int) -> int:
-        """The first of the filled slots start..end-1 that does not commit unchecked (`trusts`), else `end`: one
-        pass over the run, not a call per slot."""
+    def trusted_slots(self, start: int, end: int) -> list[bool]:
+        """For each filled slot start..end-1, whether it commits unchecked (`trusts`): one pass over the run, not
+        a call per slot."""
         if self.settings.lossless:
-            return min(start, end)
-        trusted = [slot.confident and slot.source in OWN_SOURCES for slot in self.window[start:end]]
-        return start + trusted.index(False) if False in trusted else end
+            return [False] * max(0, end - start)
+        return [slot.confident and slot.source in OWN_SOURCES for slot in self.window[start:end]]
 
-    def first_trusted(self, start: int, end: int) -> int:
-        """The first of the filled slots start..end-1 that commits unchecked (`trusts`), else `end`."""
-        if self.settings.lossless:
-            return end
-        trusted = [slot.confident and slot.source in OWN_SOURCES for slot in self.window[start:end]]
-        return start + trusted.index(True) if True in trusted else end
+    def first_untrusted(self, start: int, end: int) -> int:
+        """The first of the filled slots start..end-1 that does not commit unchecked (`trusts`), else `end`."""
+        trusted = self.trusted_slots(start, end)
+        return start + trusted.index(False) if False in trusted else end
 
     def first_judged_own(self, start: int, end: int) -> int:
         """The first of the filled slots start..end-1 that is one of the model's own drafts AR judges
