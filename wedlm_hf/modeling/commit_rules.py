@@ -156,7 +156,9 @@ def commit_ending(row: DecodingRow) -> int:
     settings = row.settings
     if settings.keep_logits or not row.prefilled:
         return 0
-    run = row.leading_run()
+    run, room = row.leading_run(), settings.max_new_tokens - len(row.generated)
+    if run < room and settings.stop_ids.isdisjoint([slot.token for slot in row.window[:run]]):
+        return 0  # the run does not reach the row's end, nor does any part of it
     if settings.lossless:  # the final token, then what the grammar forces
         if not run or not row.window[0].final:
             return 0
@@ -164,7 +166,6 @@ def commit_ending(row: DecodingRow) -> int:
     elif row.verifies:  # the final token and the fills the entropy rule chose, up to the first draft judged by AR
         run = row.first_untrusted(1 if run and row.window[0].final else 0, run)
     tokens = [slot.token for slot in row.window[:run]]
-    room = settings.max_new_tokens - len(row.generated)
     if run < room and settings.stop_ids.isdisjoint(tokens):  # the run does not reach the row's end
         return 0
     stop = next((i + 1 for i, token in enumerate(tokens) if token in settings.stop_ids), None)

@@ -154,6 +154,6 @@ def report_verdicts(row: DecodingRow, checked: dict[str, int], rejected_kind: st
     waits while another's drafts are being tried, as they stand after this step's verdict."""
     sources = draft_sources(row)
     for source in reversed(sources):
-        paused = any(other.trying(row) for other in sources if other is not source)
-        count = sum(checked.get(kind, 0) for kind in source.kinds)
+        paused = True in [other.trying(row) for other in sources if other is not source]
+        count = sum([checked.get(kind, 0) for kind in source.kinds])
         source.update(row, count, rejected_kind in source.kinds, paused)
