@@ -40,11 +40,14 @@ def test_every_cell_is_measured_and_reported():
         assert all(math.isfinite(value) for value in seconds.values())
         forward = report[batch]["forward_seconds_per_step"]
         assert set(forward) == set(seconds) and all(math.isfinite(value) for value in forward.values())
+        readout = report[batch]["readout_seconds_per_step"]  # WeDLM's readout, timed; AR has none of its own
+        assert readout["AR eager"] == readout["AR static+compiled"] == 0.0
+        assert all(math.isfinite(readout[name]) for name in seconds if name.startswith("WeDLM"))
         reads = report[batch]["host_reads_per_step"]
         assert set(reads) == {"AR eager", "WeDLM eager", "WeDLM sampled", "lossless sampled"}
         assert all(count >= 1 for count in reads.values())
     assert sum("target <= 1.3x" in line for line in lines) == 2  # batch 1, eager and compiled
-    assert sum("outside the forward" in line for line in lines) == 4
+    assert sum("outside the forward" in line and "(readout " in line for line in lines) == 4
     cells = [line for line in lines if "WeDLM's forward alone" in line]
     assert len(cells) == 4
     for line, (batch, mode) in zip(cells, [(b, m) for b in (1, 2) for m in ("eager", "static+compiled")]):

@@ -4,7 +4,9 @@ On a model so small that its forward costs little (one layer, 64 wide, a 512-tok
 mostly the work `generate` does around the forward: for AR, transformers' loop; for WeDLM, the streaming decoder's
 bookkeeping (windows, reordering, commits, cache). A WeDLM forward still feeds W rows per sequence where AR feeds
 one, and on a CPU each row costs its share of the matrix products, so each cell also splits its time into the
-forward (timed around `model.forward`) and what lies outside it, the decoder's own work. Each cell times `generate`
+forward (timed around `model.forward`) and what lies outside it, the decoder's own work, of which WeDLM's readout
+(timed around `step_readout.read_step`: the entropy and greedy token of every mask, and the step's one host read) is
+tensor work that grows with the masks fed, the rest host work. Each cell times `generate`
 with N and with n new tokens at forced acceptance (every mask filled each step, no eos) and divides the difference
 by the difference in forwards, so the prefill and the set-up cancel; the four decoders run interleaved, each keeping
 its best of `repeats`. The compiled cells decode on the static cache with `torch.compile(model.forward)` swapped in,
@@ -94,28 +96,54 @@ class ForwardClock:
             del self.model.forward
 
 
+class ReadoutClock:
+    """Adds up the wall time the streaming decoder spends in its step's readout (`step_readout.read_step`: the
+    entropy and greedy token of every mask column and the step's one host read) while active: tensor work that
+    grows with the masks fed, not Python per row."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self._original = inner = streaming_decoder.read_step
+
+        @functools.wraps(inner)
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        streaming_decoder.read_step = timed
+        return self
+
+    def __exit__(self, *exc):
+        streaming_decoder.read_step = self._original
+
+
 def step_model(seed: int = 0) -> WeDLMForCausalLM:
     return random_model(STEP_MODEL, seed)
 
 
 def _decoders(model, prompts: torch.Tensor, window: int, compiled) -> dict:
-    """name -> run(new_tokens) -> (forwards, seconds in the forward), for AR and WeDLM, eager and (with `compiled`)
-    static+compiled."""
+    """name -> run(new_tokens) -> (forwards, seconds in the forward, seconds in WeDLM's readout), for AR and WeDLM,
+    eager and (with `compiled`) static+compiled."""
     common = dict(do_sample=False, eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts))
     wedlm = dict(strategy="wedlm", wedlm_window_size=window, wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
     wedlm["wedlm_context_drafts"] = False  # forced acceptance on the paper's rule: every row fills W masks a step
 
-    def ar(tokens: int, **kwargs) -> tuple[int, float]:
+    def ar(tokens: int, **kwargs) -> tuple[int, float, float]:
         with ForwardClock(model) as clock:
             out = model.generate(prompts, max_new_tokens=tokens, min_new_tokens=tokens, **common, **kwargs)
         assert out.shape[1] == prompts.shape[1] + tokens
-        return tokens, clock.seconds  # the prefill gives the first token, each decoding step one more
+        return tokens, clock.seconds, 0.0  # the prefill gives the first token, each decoding step one more
 
-    def wedlm_run(tokens: int, **kwargs) -> tuple[int, float]:
-        with ForwardClock(model) as clock:
+    def wedlm_run(tokens: int, **kwargs) -> tuple[int, float, float]:
+        with ForwardClock(model) as clock, ReadoutClock() as readout:
             out = model.generate(prompts, max_new_tokens=tokens, **common, **wedlm, **kwargs)
         assert all(s.tokens == tokens for s in out.wedlm_stats), "a row stopped early"
-        return max(s.forwards for s in out.wedlm_stats), clock.seconds
+        return max(s.forwards for s in out.wedlm_stats), clock.seconds, readout.seconds
 
     runs = {"AR eager": ar, "WeDLM eager": wedlm_run}
     if compiled is not None:
@@ -131,22 +159,24 @@ def _decoders(model, prompts: torch.Tensor, window: int, compiled) -> dict:
     return runs
 
 
-def _per_step(runs: dict, lengths: dict, repeats: int) -> tuple[dict, dict]:
+def _per_step(runs: dict, lengths: dict, repeats: int) -> tuple[dict, dict, dict]:
     """name -> seconds per decoding step: (best time(N) - best time(n)) / (forwards(N) - forwards(n)), the runs
-    interleaved (`interleave`: warmed up once untimed, best of `repeats`); and name -> the part of it spent in the
-    model's forward (measured in the same best runs)."""
+    interleaved (`interleave`: warmed up once untimed, best of `repeats`); and name -> the parts of it spent in the
+    model's forward and in WeDLM's readout (measured in the same best runs)."""
 
     def at_length(name: str):
         return lambda i: runs[name](lengths[name][i])
 
     timings = interleave({name: at_length(name) for name in runs}, repeats, cases=(0, 1), warm_up=True)
-    seconds, forward = {}, {}
+    seconds, forward, readout = {}, {}, {}
     for name in runs:
-        (forwards_n1, in_forward_n1), (forwards_n2, in_forward_n2) = (timings.result((i, name)) for i in (0, 1))
-        steps = forwards_n1 - forwards_n2
+        (forwards_1, forward_1, readout_1), (forwards_2, forward_2, readout_2) = (
+            timings.result((i, name)) for i in (0, 1)
+        )
+        steps = forwards_1 - forwards_2
         seconds[name] = (timings.best((0, name)) - timings.best((1, name))) / steps
-        forward[name] = (in_forward_n1 - in_forward_n2) / steps
-    return seconds, forward
+        forward[name], readout[name] = (forward_1 - forward_2) / steps, (readout_1 - readout_2) / steps
+    return seconds, forward, readout
 
 
 def _host_reads(runs: dict, lengths: dict) -> dict:
@@ -232,11 +262,12 @@ def run_step_benchmark(
         prompts = torch.randint(0, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(model.device)
         runs = _decoders(model, prompts, window, compiled)
         lengths = {name: ar_tokens if name.startswith("AR") else wedlm_lengths for name in runs}
-        seconds, forward = _per_step(runs, lengths, repeats)
+        seconds, forward, readout = _per_step(runs, lengths, repeats)
         reads = _host_reads(runs, lengths) | _sampled_host_reads(model, prompts, window, wedlm_lengths)
         report[batch] = {
             "seconds_per_step": seconds,
             "forward_seconds_per_step": forward,
+            "readout_seconds_per_step": readout,
             "host_reads_per_step": reads,
         }
         for mode in ("eager", "static+compiled") if compile else ("eager",):
@@ -248,7 +279,8 @@ def run_step_benchmark(
             log(
                 f"batch {batch:>3}, {mode:<16} AR {ar * 1e3:7.3f} ms/step, WeDLM {wedlm * 1e3:7.3f} ms/step: "
                 f"{wedlm / ar:5.2f}x{verdict}; outside the forward: AR {own_ar * 1e3:6.3f}, WeDLM "
-                f"{own_wedlm * 1e3:6.3f} ms/step; WeDLM's forward alone: {forward_ratio:4.2f}x AR's step"
+                f"{own_wedlm * 1e3:6.3f} ms/step (readout {readout[f'WeDLM {mode}'] * 1e3:5.3f}); WeDLM's forward "
+                f"alone: {forward_ratio:4.2f}x AR's step"
             )
         log(
             f"batch {batch:>3}, host reads per step (eager): AR {reads['AR eager']:.1f}, WeDLM "
