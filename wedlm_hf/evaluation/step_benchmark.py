@@ -65,6 +65,21 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _timed(clock, inner):
+    """`inner`, adding the wall time of each call to `clock.seconds`; it keeps `inner`'s signature visible
+    (`__wrapped__`), which the decoder reads from the forward."""
+
+    @functools.wraps(inner)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            clock.seconds += time.perf_counter() - start
+
+    return timed
+
+
 class ForwardClock:
     """Adds up the wall time spent in the model's forward (whatever forward it has now: its own, or a compiled one
     swapped in) while active, so that a step's time splits into the forward and the decoder's own work."""
@@ -76,17 +91,7 @@ class ForwardClock:
     def __enter__(self):
         self._had = "forward" in vars(self.model)
         self._original = vars(self.model).get("forward")
-        inner = self.model.forward
-
-        @functools.wraps(inner)  # the decoder reads the forward's signature: it follows __wrapped__
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
-        self.model.forward = timed
+        self.model.forward = _timed(self, self.model.forward)
         return self
 
     def __exit__(self, *exc):
@@ -105,17 +110,8 @@ class ReadoutClock:
         self.seconds = 0.0
 
     def __enter__(self):
-        self._original = inner = streaming_decoder.read_step
-
-        @functools.wraps(inner)
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
-        streaming_decoder.read_step = timed
+        self._original = streaming_decoder.read_step
+        streaming_decoder.read_step = _timed(self, self._original)
         return self
 
     def __exit__(self, *exc):
