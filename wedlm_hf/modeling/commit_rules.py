@@ -33,11 +33,11 @@ def verify_and_commit(row: DecodingRow, run: int, ar: ArPredictions) -> int:
     after the last accepted one becomes the next final token (at a rejection, in the draft's place, with every
     later fill discarded)."""
     settings = row.settings
-    first = 0 if not row.prefilled else 1
-    if row.prefilled and (run == 0 or not row.window[0].final):
+    first = int(row.prefilled)
+    if first and (run == 0 or not row.window[0].final):
         raise RuntimeError("Lossless decoding lost its final token: this is a bug in wedlm_hf.")
     accepted, replacement, room = first, None, settings.max_new_tokens - len(row.generated)
-    ends = any(slot.token in settings.stop_ids for slot in row.window[:first]) or first >= room
+    ends = (first == 1 and row.window[0].token in settings.stop_ids) or first >= room
     checked = {"model": 0, "context": 0, "forced": 0, "constrained": 0, UNSURE: 0}
     rejected, rejected_by = False, None
     if not ends:

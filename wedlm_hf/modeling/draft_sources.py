@@ -118,7 +118,7 @@ class ContextDrafts(DraftSource):
             # Default mode: where the rule's fills pass its threshold the model is sure and copies cost its masks:
             # a long match only. Once an unsure fill failed, a copy takes the place of the next (as in lossless mode).
             run = row.window[1 : row.leading_run()]
-            sure = any(slot.confident for slot in run)
+            sure = True in [slot.confident for slot in run]
             unsure = row.unsure_fill_held is False and any(row.judged_own(slot) for slot in run)
             return 0 if copy_from_context(row, LONG_MATCH if sure else 1, replace_model_drafts=unsure) else masks
         held = row.model_window.held

@@ -90,7 +90,7 @@ def build_feed(rows: list[DecodingRow], kv, mask_token_id: int, cap: int | None)
         valid.extend([1] * (start + len(fills)) + [0] * gap + [1] * len(mask_positions))
     data = torch.frombuffer(ids + positions + valid, dtype=torch.int64).view(3, height, width)
     ids, positions, valid = data.to(kv.device, copy=True)  # a copy: the tensors outlive the buffer
-    n_masks = max(len(m) for m in masks)
+    n_masks = max(map(len, masks))
     return StepFeed(ids, positions, valid.bool(), starts, decodes, filled, masks, runs, counts, width, n_masks, prefill)
 
 

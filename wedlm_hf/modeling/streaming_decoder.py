@@ -149,7 +149,7 @@ class StreamingDecoder:
         columns, ar_columns, sparse = logit_columns(rows, feed)
         logits = self.kv.forward(feed.ids, feed.positions, feed.valid, columns, feed.prefill, feed.counts)
         column = {c: j for j, c in enumerate(columns)}
-        ar_rows = {b: [column[c] for c in cs] for b, cs in ar_columns.items()}
+        ar_rows = {b: list(map(column.__getitem__, cs)) for b, cs in ar_columns.items()}
         for b, cs in ar_rows.items():  # only the rows that use them take a view of their logits (an operator each)
             row = rows[b]
             if row.tracks_logits or (row.grammar is not None and row.settings.lossless):
@@ -178,7 +178,7 @@ class StreamingDecoder:
                 for b in prefixes:
                     self.active[b].prefix = None
         if self.active:
-            self.kv.max_dead = max(16, max(row.settings.window_size for row in self.active))
+            self.kv.max_dead = max([16] + [row.settings.window_size for row in self.active])
         return self.active
 
     def _prompt_cap(self, rows: list[DecodingRow]) -> int | None:
