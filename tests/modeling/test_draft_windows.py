@@ -132,6 +132,27 @@ def test_context_drafts_rest_after_a_streak_of_failed_copies():
     assert window.size == 16
 
 
+def test_a_resting_context_source_looks_nothing_up(monkeypatch):
+    """While the context source rests its copies would be dropped whole, so no look-up is made (on text that does not
+    repeat, a look-up that finds nothing scans the whole context); once it probes again, the index catches up with
+    everything committed meanwhile."""
+    from wedlm_hf.modeling import context_drafts
+
+    row = lossless_row([Fill(8, final=True), None, None])
+    row.prompt = [5, 6, 7, 8, 9, 5, 6, 7]
+    row.prompt_fed = len(row.prompt)
+    row.context_window.size = 0
+    looked_up = []
+    original = context_drafts.ContextIndex.lookup
+    monkeypatch.setattr(
+        context_drafts.ContextIndex, "lookup", lambda self, *args: looked_up.append(args) or original(self, *args)
+    )
+    assert not context_drafts.copy_from_context(row) and looked_up == []
+    row.context_window.size = PROBE
+    assert context_drafts.copy_from_context(row) and len(looked_up) == 1
+    assert row.context.length == len(row.prompt) and window_tokens(row)[:2] == [8, 9]
+
+
 def test_a_resting_model_window_waits_while_paused():
     """Quiet steps count towards the model's next try only when not paused (while copies are being tried)."""
     window = DraftWindow(smallest=2, size=2)
