@@ -5,8 +5,8 @@ good guess of what comes next: prompt lookup decoding's rule. In lossless mode a
 output (verification keeps AR's tokens), so such drafts can fill the window's masks beside the model's own. The
 index keeps a row's committed text as fixed-width bytes, grown as tokens commit, so a look-up is a substring search
 backwards (`bytes.rfind`, in C): its host cost is a few calls per n-gram size, whatever the text's length and
-however often the suffix's first token occurs. A look-up that finds nothing scans the whole text (28 us at 8k tokens
-on this project's CPU), so a resting source makes none.
+however often the suffix's first token occurs. A look-up that finds nothing scans the whole text, so a resting
+source makes none.
 
 On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
 after one period. There, and only where the text's last d tokens already repeat the d before them (d: how far back
