@@ -30,9 +30,16 @@ def test_every_cell_is_measured_and_reported():
         window=4,
         repeats=1,
         compile_backend="eager",  # the static-cache plumbing, without compiling
+        lookup_contexts=(64, 512),
         log=lines.append,
     )
-    assert set(report) == {1, 2, "per_added_row"}
+    assert set(report) == {1, 2, "per_added_row", "context_lookup"}
+    lookups = report["context_lookup"]  # both look-ups found continuations at the same steps (else it raises)
+    assert set(lookups) == {64, 512}
+    for cell in lookups.values():
+        assert cell["WeDLM index"] > 0 and cell["prompt lookup"] > 0
+        assert cell["ratio"] == cell["prompt lookup"] / cell["WeDLM index"]
+    assert sum(line.startswith("context ") and line.endswith("x") for line in lines) == 2
     for batch in (1, 2):
         seconds = report[batch]["seconds_per_step"]
         assert set(seconds) == {"AR eager", "WeDLM eager", "AR static+compiled", "WeDLM static+compiled"}

@@ -1,7 +1,10 @@
 """Drafts copied from the context: prompt lookup's rule, and copies that run on into themselves on periodic text."""
 
+import random
+
 import pytest
 import torch
+from reference_wedlm import _lookup
 
 from wedlm_hf.modeling.context_drafts import LONG_MATCH, ContextIndex
 
@@ -93,5 +96,23 @@ def test_the_index_grows_with_prompt_and_generated_text():
     index.sync([1, 2, 3], [])
     index.sync([1, 2, 3], [4, 5])
     index.sync([1, 2, 3], [4, 5, 1, 2])
-    assert index.tokens.tolist() == [1, 2, 3, 4, 5, 1, 2]
+    assert index.tokens == [1, 2, 3, 4, 5, 1, 2]
     assert index.lookup([], 3, 4) == ([3, 4, 5, 1], 2)
+
+
+def test_the_index_finds_what_a_scan_of_the_text_finds():
+    """The index grows as tokens commit and looks up only what it indexed and the suffix's neighbourhood; the reference
+    decoder's look-up scans the whole text each time. On random text over a few tokens (every suffix occurs often,
+    many overlap the drafts), grown in random steps, with random drafts, n-gram sizes and limits, both agree."""
+    rng = random.Random(0)
+    for _ in range(300):
+        vocabulary, index, text = rng.randint(1, 5), ContextIndex(), []
+        for _ in range(rng.randint(1, 6)):
+            new = [rng.randint(0, vocabulary) for _ in range(rng.randint(0, 12))]
+            text += new
+            index.sync(text[:4], text[4:]) if len(text) >= 4 else index.extend(new)
+            for _ in range(3):
+                pending = [rng.randint(0, vocabulary) for _ in range(rng.randint(0, 8))]
+                largest, limit = rng.randint(1, 8), rng.randint(0, 14)
+                expected = _lookup(text + pending, len(text), largest, limit)
+                assert index.lookup(pending, largest, limit) == expected, (text, pending, largest, limit)

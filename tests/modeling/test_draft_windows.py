@@ -133,9 +133,8 @@ def test_context_drafts_rest_after_a_streak_of_failed_copies():
 
 
 def test_a_resting_context_source_looks_nothing_up(monkeypatch):
-    """While the context source rests its copies would be dropped whole, so no look-up is made (on text that does not
-    repeat, a look-up that finds nothing scans the whole context); once it probes again, the index catches up with
-    everything committed meanwhile."""
+    """While the context source rests its copies would be dropped whole, so no look-up is made; once it probes
+    again, the index catches up with everything committed meanwhile."""
     from wedlm_hf.modeling import context_drafts
 
     row = lossless_row([Fill(8, final=True), None, None])

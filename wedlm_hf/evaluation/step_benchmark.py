@@ -17,7 +17,8 @@ that copy a tensor's data to the host for Python to see (`item`, `tolist`, `bool
 indexing by a tensor, `nonzero`, `unique`, `masked_select`, `.cpu()`): on a GPU each is a synchronisation.
 Targets: WeDLM's step at most 1.3x AR's at batch 1 and 2x at batch 16, eager and compiled, with one host read per
 step. Each cell also prints WeDLM's forward alone as a multiple of AR's whole step: where it is over the target, no
-work the decoder saves around the forward can meet it on that machine.
+work the decoder saves around the forward can meet it on that machine. Last, a context look-up's host cost per row
+per step at long contexts, against prompt lookup's (`lookup_benchmark`).
 """
 
 import contextlib
@@ -32,6 +33,7 @@ from .bench_report import parameter_count, write_json
 from .benchmark import random_model
 from .compiled_forward import compiled_forward, swapped_forward
 from .interleaved_runs import interleave
+from .lookup_benchmark import run_lookup_benchmark
 from .step_calls import MODES, log_counts, per_step_counts
 
 STEP_MODEL = dict(
@@ -237,10 +239,12 @@ def run_step_benchmark(
     threads: int = 1,
     compile: bool = True,
     compile_backend: str = "inductor",
+    lookup_contexts: tuple[int, ...] = (1024, 8192, 32768),
     log=print,
 ) -> dict:
     """Per-step times and host reads of AR and WeDLM at each batch size (see the module docstring); WeDLM decodes
-    `wedlm_windows` windows' worth of tokens (N, n), AR `ar_tokens`."""
+    `wedlm_windows` windows' worth of tokens (N, n), AR `ar_tokens`. Then a context look-up's cost per row per step
+    at `lookup_contexts` tokens of context, against prompt lookup's (`lookup_benchmark`)."""
     torch.set_num_threads(threads)
     model = model if model is not None else step_model()
     compiled = compiled_forward(model, compile_backend) if compile else None
@@ -289,6 +293,8 @@ def run_step_benchmark(
         report[batch]["calls_and_ops_per_step"] = counts[batch]
     if len(counts) > 1:
         report["per_added_row"] = log_counts(log, counts)
+    if lookup_contexts:
+        report["context_lookup"] = run_lookup_benchmark(lookup_contexts, repeats=repeats, log=log)
     return report
 
 

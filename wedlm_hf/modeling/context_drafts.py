@@ -3,10 +3,11 @@
 Where text repeats (code, lists, quotes), the tokens that followed the last occurrence of the current suffix are a
 good guess of what comes next: prompt lookup decoding's rule. In lossless mode a draft's source does not change the
 output (verification keeps AR's tokens), so such drafts can fill the window's masks beside the model's own. The
-index keeps a row's committed text as fixed-width bytes, grown as tokens commit, so a look-up is a substring search
-backwards (`bytes.rfind`, in C): its host cost is a few calls per n-gram size, whatever the text's length and
-however often the suffix's first token occurs. A look-up that finds nothing scans the whole text, so a resting
-source makes none.
+index keeps, for each n-gram size looked up, where each n-gram of the committed text last occurs, brought up to
+date when a look-up needs it (in C: a dictionary updated from zipped slices): a look-up is a few dictionary reads,
+whatever the text's length, where a scan of the text grows with it (on a long context, more than the rest of a
+row's step). It costs host memory: about 0.4 KB per token of context at three n-gram sizes (an 8B model's K/V take
+about 150 KB per token). A resting source makes no look-up.
 
 On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
 after one period. There, and only where the text's last d tokens already repeat the d before them (d: how far back
@@ -15,36 +16,36 @@ is its own token k - d. Otherwise a copy ends where the committed text does, as 
 the drafts just placed, which only a periodic text repeats.
 """
 
-from array import array
-
 from .decoding_state import Fill
 from .draft_windows import COPY_TOKENS
 from .grammar_commit import valid_prefix
 
 LONG_MATCH = 6  # tokens of agreement (the suffix and those before it) that make a match long
-TOKEN = "i"  # a token id as 4 bytes (`array` typecode): the width the search aligns its matches to
 
 
 class ContextIndex:
-    """A row's committed text (prompt + generated) as 4-byte tokens, grown as tokens commit."""
+    """A row's committed text (prompt + generated) and, for each n-gram size looked up, where each of its n-grams last
+    occurs followed by a committed token: indexed when a look-up first needs that size after tokens commit."""
 
     def __init__(self):
-        self.tokens = array(TOKEN)
+        self.tokens: list[int] = []
+        self.latest: dict[tuple, int] = {}  # n tokens -> the latest start of theirs that a token follows (any n)
+        self.indexed: list[int] = [0]  # [n]: the tokens up to which the n-grams before them are in `latest`
 
     @property
     def length(self) -> int:
         return len(self.tokens)
 
     def extend(self, tokens: list[int]) -> None:
-        self.tokens.extend(tokens)
+        self.tokens += tokens
 
     def sync(self, prompt: list[int], generated: list[int]) -> None:
-        """Indexes what `prompt` + `generated` added since the last call (without joining the two lists)."""
+        """Takes in what `prompt` + `generated` added since the last call (without joining the two lists)."""
         fed = len(self.tokens)
         if fed < len(prompt):
-            self.tokens.extend(prompt[fed:])
+            self.tokens += prompt[fed:]
             fed = len(prompt)
-        self.tokens.extend(generated[fed - len(prompt) :])
+        self.tokens += generated[fed - len(prompt) :]
 
     def continuation(self, pending: list[int], largest: int, limit: int) -> list[int]:
         """Up to `limit` tokens that followed the latest earlier occurrence of the longest suffix of `largest`
@@ -57,45 +58,62 @@ class ContextIndex:
         before the occurrence, counted up to LONG_MATCH (0 when nothing matched)."""
         if limit < 1:
             return [], 0
-        sequence = self.tokens + array(TOKEN, pending)
-        data, end, width = sequence.tobytes(), len(sequence), sequence.itemsize
-        for n in range(min(largest, end - 1), 0, -1):
-            # An occurrence starts in the committed text and ends before the suffix does (something follows it).
-            start = _latest(data, data[(end - n) * width :], min(end - n - 1, self.length - 1) * width, width)
-            if start is None:
-                continue
-            length = n
+        text, latest, indexed = self.tokens, self.latest, self.indexed
+        committed, drafts = len(text), len(pending)
+        end = committed + drafts
+        while len(indexed) <= largest:
+            indexed.append(0)
+        near = committed - LONG_MATCH - largest if committed > LONG_MATCH + largest else 0
+        tail = text[near:] + pending  # the suffixes and what agrees before them lie in it
+        for n in range(largest if largest < end else end - 1, 0, -1):
+            suffix = tail[-n:]
+            # An occurrence starts in the committed text and ends before the suffix does (something follows it): those
+            # that end before the text's last token are indexed, the few later ones are compared here.
+            for start in range(
+                end - n - 1 if drafts <= n else committed - 1, committed - n - 1 if committed > n else -1, -1
+            ):
+                if tail[start - near : start - near + n] == suffix:
+                    break
+            else:
+                if indexed[n] < committed:
+                    _index(latest, text, n, indexed[n])
+                    indexed[n] = committed
+                start = latest.get(tuple(suffix))
+                if start is None:
+                    continue
+            length = n  # the tokens before an occurrence lie in the text, those before the suffix in the tail
             while length < LONG_MATCH and start + n - length > 0:
-                if sequence[start + n - length - 1] != sequence[end - length - 1]:
+                if text[start + n - length - 1] != tail[end - length - 1 - near]:
                     break
                 length += 1
-            return _copy(sequence, start + n, limit, self.length).tolist(), length
+            return _copy(text, pending, start + n, limit), length
         return [], 0
 
 
-def _latest(data: bytes, suffix: bytes, last: int, width: int) -> int | None:
-    """The token index of the latest occurrence of `suffix` in `data` that starts at byte `last` or before, on a
-    token boundary; None if there is none."""
-    end = last + len(suffix)
-    while end >= len(suffix):
-        at = data.rfind(suffix, 0, end)
-        if at < 0:
-            return None
-        if at % width == 0:
-            return at // width
-        end = at + len(suffix) - 1  # a match across token boundaries: look before it
-    return None
+def _index(latest: dict, tokens: list[int], n: int, old: int) -> None:
+    """Adds to `latest` the n-grams of `tokens` that the tokens from index `old` on follow (later starts win)."""
+    first, stop = old - n if old > n else 0, len(tokens) - n
+    if first < stop:
+        latest.update(zip(zip(*[tokens[first + i : stop + i] for i in range(n)]), range(first, stop)))
 
 
-def _copy(sequence: array, source: int, count: int, committed: int) -> array:
-    """Up to `count` tokens copied from `sequence[source:]`: overlapping the copy itself where the text is
-    periodic, otherwise from its first `committed` tokens only."""
+def _span(text: list[int], pending: list[int], i: int, j: int) -> list[int]:
+    """Tokens i..j-1 of the text followed by `pending`."""
+    committed = len(text)
+    return text[i:j] + pending[max(i - committed, 0) : max(j - committed, 0)]
+
+
+def _copy(text: list[int], pending: list[int], source: int, count: int) -> list[int]:
+    """Up to `count` tokens from token `source` on of the text followed by `pending`: overlapping the copy itself
+    where that sequence is periodic, otherwise from the committed text only."""
+    committed = len(text)
     if source + count <= committed:
-        return sequence[source : source + count]
-    offset = len(sequence) - source
-    if offset > source or sequence[source - offset : source] != sequence[source:]:
-        return sequence[source:committed]
-    copied = sequence[source : source + count]
+        return text[source : source + count]
+    offset = committed + len(pending) - source  # the period, if the sequence is periodic from there
+    rest = _span(text, pending, source, source + offset)
+    if offset > source or _span(text, pending, source - offset, source) != rest:
+        return text[source:committed]
+    copied = _span(text, pending, source, source + count)
     while len(copied) < count:
         copied.append(copied[len(copied) - offset])
     return copied

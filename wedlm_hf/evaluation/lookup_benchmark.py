@@ -1,0 +1,84 @@
+"""A context look-up's host cost per row per step, by context length: WeDLM's index against prompt lookup's scan.
+
+Each step a row that drafts from the context indexes the token it committed and looks its suffix up
+(`context_drafts.ContextIndex`); transformers' prompt lookup (`PromptLookupCandidateGenerator.get_candidates`, the
+fastest drafting a transformers user has) scans the whole text for the same suffix. Both look up the longest suffix
+of three tokens or fewer in random text over a 150,000-token vocabulary, where that suffix seldom occurred before:
+the look-up that finds nothing, which a scan pays in full. Interleaved, best of `repeats` runs of `steps` steps.
+"""
+
+import gc
+import random
+import time
+
+import torch
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+from ..modeling.context_drafts import ContextIndex
+from .interleaved_runs import rotated
+
+VOCABULARY = 150_000
+NGRAM = 3
+
+
+def _decoders(text: list[int], context: int) -> dict:
+    """Per decoder, a set-up (untimed) returning its steps: one committed token and one look-up each, returning at
+    how many steps a continuation was found."""
+    ids = torch.tensor([text])
+
+    def index():
+        index = ContextIndex()
+        index.extend(text[:context])
+        index.lookup([], NGRAM, 10)  # the prompt indexed before the steps, as a joining row's first look-up does
+
+        def steps():
+            found = 0
+            for end in range(context, len(text)):
+                index.extend(text[end : end + 1])
+                found += bool(index.lookup([], NGRAM, 10)[0])
+            return found
+
+        return steps
+
+    def prompt_lookup():
+        generator = PromptLookupCandidateGenerator(max_matching_ngram_size=NGRAM, max_length=1 << 30)
+
+        def steps():
+            found = 0
+            for end in range(context + 1, len(text) + 1):
+                found += generator.get_candidates(ids[:, :end])[0].shape[1] > end
+            return found
+
+        return steps
+
+    return {"WeDLM index": index, "prompt lookup": prompt_lookup}
+
+
+def run_lookup_benchmark(contexts=(1024, 8192, 32768), steps: int = 200, repeats: int = 3, log=print) -> dict:
+    """Microseconds per step of each look-up at each context length and the ratio prompt lookup / index; both find
+    a continuation at the same steps (checked)."""
+    report = {}
+    log(
+        f"context look-up per row per step (one committed token, then the suffix of {NGRAM} tokens or fewer looked "
+        f"up; random text, {VOCABULARY:,}-token vocabulary); best of {repeats}, interleaved"
+    )
+    rng = random.Random(0)
+    for context in contexts:
+        decoders = _decoders([rng.randrange(VOCABULARY) for _ in range(context + steps)], context)
+        best, found = {}, {}
+        for repeat in range(repeats):
+            for name in rotated(list(decoders), repeat):
+                run = decoders[name]()
+                gc.collect()
+                start = time.perf_counter()
+                found[name] = run()
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+        if len(set(found.values())) != 1:
+            raise RuntimeError(f"The look-ups disagree on how many steps find a continuation: {found}.")
+        us = {name: seconds / steps * 1e6 for name, seconds in best.items()}
+        report[context] = us | {"ratio": us["prompt lookup"] / us["WeDLM index"]}
+        log(
+            f"context {context:>6} tokens: WeDLM index {us['WeDLM index']:7.1f} us, prompt lookup "
+            f"{us['prompt lookup']:7.1f} us per step: {report[context]['ratio']:.1f}x"
+        )
+    return report
