@@ -16,16 +16,17 @@ def refill(row: DecodingRow) -> None:
     filled stop token."""
     masks = row.settings.window_size
     sources = draft_sources(row)
-    if sources:  # drafts past a stop token could only commit if the text went on after it
-        stop = _stop_slot(row)
-        if stop is not None:
-            del row.window[stop + 1 :]
+    stop = _stop_slot(row)
+    if stop is not None and not sources:
+        return
+    if stop is not None:  # drafts past a stop token could only commit if the text went on after it
+        del row.window[stop + 1 :]
     for source in sources:
         masks = source.place(row, masks)
-        if _stop_slot(row) is not None:
+        # A source only cuts the window, except the context's copy, after which no masks are appended (it returns
+        # none): so only a stop token already there can end the refill here (if the cut left it).
+        if stop is not None and _stop_slot(row) is not None:
             return
-    if not sources and _stop_slot(row) is not None:
-        return
     room = row.settings.max_new_tokens - len(row.generated) - len(row.window)
     wanted = masks + row.leading_run() - len(row.window)
     row.window.extend([None] * max(0, min(wanted, room)))
