@@ -12,7 +12,10 @@
     CUDA graphs), on the shipped model in float32 (lossless output must be AR's, token for token).
 (f) a sampled WeDLM step's synchronisations (torch's sync debug mode), default and lossless mode, rows with their
     own generators, draws before the read (`scripts/step_syncs.py`): the target is one.
-`--parts` picks parts (default abcdf; e takes about as long as the others together).
+(g) the step at serving scale, on the 8B-shaped model at batch 64: AR and WeDLM static + compiled as in (d), then a
+    torch.profiler summary of WeDLM's eager decoding (`scripts/step_profile.py`): wall time against the device's
+    busy time per step, and the operators that take the most device and host time.
+`--parts` picks parts (default abcdf; e takes about as long as the others together; g only when asked).
 
 `--cpu` is the dry run: tiny sizes, CPU, float32, eager attention standing in for flash-attention-2, and dynamo's
 "eager" backend standing in for inductor + CUDA graphs.
@@ -30,6 +33,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from step_profile import step_profile
 from step_syncs import sampled_step_syncs
 
 import wedlm_hf
@@ -289,12 +293,14 @@ def decode_speed(
     repeats: int,
     copy_bytes: int,
     deadline: float,
+    paths: tuple = SPEED_PATHS,
 ) -> None:
     """(d) ms per decoding step and tokens/s of `generate`, AR and WeDLM at forced acceptance, static + compiled and
     eager, batch by batch; the memory bound; the targets. Each row runs `generate` with N and with n new tokens (long
     then short: the static cache keeps the long run's length, so both see the same shapes); a step costs
     (time(N) - time(n)) / (forwards(N) - forwards(n)), so that the prefill and the setup cancel. A row starts only
-    before `deadline` (a perf_counter time): the ones after it are skipped, with a line saying so."""
+    before `deadline` (a perf_counter time): the ones after it are skipped, with a line saying so. `paths`: which of
+    SPEED_PATHS; the targets are printed where batch 1 is measured."""
     device = model.device.type
     begin = time.perf_counter()
 
@@ -336,7 +342,7 @@ def decode_speed(
     g = torch.Generator().manual_seed(0)
     for batch in batches:
         prompt = torch.randint(0, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(device)
-        for name, strategy, compiled in SPEED_PATHS:
+        for name, strategy, compiled in paths:
             label = f"{name}, batch {batch}"
             if time.perf_counter() > deadline:
                 print(f"{label}: SKIPPED, no time left (gpu_check's --deadline)", flush=True)
@@ -357,7 +363,7 @@ def decode_speed(
     print(f"\n{'path':<24}{'batch':>6}{'ms/step':>10}{'tok/step':>10}{'tok/s':>11}{'step/ARc':>10}{'tok/s/ARc':>11}")
     for batch in batches:
         base = results.get(("AR static+compiled", batch))
-        for name, _, _ in SPEED_PATHS:
+        for name, _, _ in paths:
             if (name, batch) not in results:
                 print(f"{name:<24}{batch:>6}{'(no result)':>20}")
                 continue
@@ -367,6 +373,17 @@ def decode_speed(
     print(memory_line)
     print("(ARc: AR static+compiled of the same batch)")
 
+    if 1 in batches:
+        _print_targets(results, bound)
+    if device != "cuda":
+        print("(dry run: a tiny model on the CPU; the targets are about the 8B shape on the GPU)")
+    print(f"measured in {time.perf_counter() - begin:.1f}s")
+    if failed:
+        raise RuntimeError(f"{len(failed)} row(s) failed: {'; '.join(failed)}")
+
+
+def _print_targets(results: dict, bound: float) -> None:
+    """(d)'s targets, at batch 1, PASS or FAIL."""
     ar, wedlm = results.get(("AR static+compiled", 1)), results.get(("WeDLM static+compiled", 1))
     both = ar is not None and wedlm is not None
     targets = (
@@ -382,11 +399,6 @@ def decode_speed(
     for text, value, limit, sign in targets:
         verdict = "NOT MEASURED: FAIL" if value is None else ("PASS" if sign * value <= sign * limit else "FAIL")
         print(f"target: {text}: {'' if value is None else f'{value:.2f}x '}{verdict}")
-    if device != "cuda":
-        print("(dry run: a tiny model on the CPU; the targets are about the 8B shape on the GPU)")
-    print(f"part (d) measured in {time.perf_counter() - begin:.1f}s")
-    if failed:
-        raise RuntimeError(f"{len(failed)} row(s) failed: {'; '.join(failed)}")
 
 
 def _one_line(error: BaseException) -> str:
@@ -414,13 +426,13 @@ def run_part(name: str, failures: list[str], fn, *args, **kwargs):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="dry run: tiny sizes, CPU, float32")
-    parser.add_argument("--parts", default="abcdf", help="the parts to run, e.g. abcdf or e (default: abcdf)")
+    parser.add_argument("--parts", default="abcdf", help="the parts to run, e.g. abcdf, e or g (default: abcdf)")
     parser.add_argument("--json-dir", default=None, help="(e) writes its measurements here as JSON (default: none)")
     parser.add_argument("--deadline", type=float, help="seconds after which (d) starts no row (default 390, dry 300)")
     args = parser.parse_args()
     cpu, parts = args.cpu, set(args.parts)
-    if not parts or not parts <= set("abcdef"):
-        parser.error(f"--parts {args.parts}: give letters among a, b, c, d, e and f, e.g. --parts abcdf")
+    if not parts or not parts <= set("abcdefg"):
+        parser.error(f"--parts {args.parts}: give letters among a to g, e.g. --parts abcdf")
     device, dtype = ("cpu", torch.float32) if cpu else ("cuda", torch.bfloat16)
     if not cpu and not torch.cuda.is_available():
         print("gpu_check: torch sees no CUDA device; run with --cpu for the dry run.", file=sys.stderr)
@@ -455,7 +467,7 @@ def main() -> int:
     model = None
     if "c" in parts:
         section(f"(c) one decoding forward of 2W rows vs one AR step, {shape}")
-    if parts & {"c", "d"}:
+    if parts & {"c", "d", "g"}:
         model = run_part("(c) model", failures, random_model, device, dtype, TINY if cpu else QWEN3_8B)
     if "c" in parts:
         if model is None:
@@ -481,6 +493,23 @@ def main() -> int:
                 deadline = began + (390 if args.deadline is None else args.deadline)
             batches, tokens = (1, 16), dict(ar_tokens=(64, 16), wedlm_tokens=(128, 32))
             run_part("(d)", failures, decode_speed, model, batches, **tokens, **speed, deadline=deadline)
+
+    if "g" in parts:
+        section(f"(g) the step at batch 64: compiled AR and WeDLM, then a profile of WeDLM's eager step, {shape}")
+        if model is None:
+            print("PART (g) FAILED: no model (see (c))")
+            failures.append("(g)")
+        else:
+            compiled_paths = tuple(path for path in SPEED_PATHS if path[2])
+            if cpu:
+                speed = dict(prompt_len=32, compile_config=generate_compile_config("eager", device), repeats=1)
+                speed |= dict(copy_bytes=64 * 2**20, deadline=began + 300)
+            else:
+                speed = dict(prompt_len=256, compile_config=None, repeats=3, copy_bytes=4 * 2**30)
+                speed |= dict(deadline=began + (390 if args.deadline is None else args.deadline))
+            tokens = dict(ar_tokens=(64, 16), wedlm_tokens=(128, 32))
+            run_part("(g) speed", failures, decode_speed, model, (64,), **tokens, **speed, paths=compiled_paths)
+            run_part("(g) profile", failures, step_profile, model, 64, speed["prompt_len"])
     del model
 
     if "f" in parts:

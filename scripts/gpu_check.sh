@@ -9,7 +9,10 @@
 #       transformers' default compile: CUDA graphs) and eager (DynamicCache), the memory bound (weight bytes / measured
 #       copy bandwidth), and the targets with PASS/FAIL. Rows not started by 6.5 minutes are skipped, with a line;
 #   (e) only when asked (--parts e): `wedlm-hf bench-lossless --device cuda`, eager, then with compiled decoders;
-#   (f) a sampled WeDLM step's synchronisations (torch's sync debug mode), default and lossless: target one.
+#   (f) a sampled WeDLM step's synchronisations (torch's sync debug mode), default and lossless: target one;
+#   (g) only when asked (--parts g): the 8B-shaped model at batch 64, AR and WeDLM static+compiled,
+#       then a torch.profiler summary of five eager WeDLM decoding steps (wall, host outside torch's operators,
+#       device busy, top operators).
 # A part that fails prints `PART (x) FAILED: <error>` and the next part runs; a failed part (not a missed target)
 # makes the exit status 1.
 # On a machine without network: run scripts/gpu_wheels.sh where there is one, and bring the .whl/ folder along;

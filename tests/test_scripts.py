@@ -114,9 +114,25 @@ def test_gpu_check_runs_only_the_parts_asked_for(tmp_path):
     assert (tmp_path / "bench_lossless.json").is_file()
 
 
+@pytest.mark.heavy  # a dry run of the GPU check
+def test_gpu_check_profiles_the_step_at_batch_64():
+    """--parts g: compiled AR and WeDLM at batch 64, then a profile of decoding steps split into the host's time
+    outside torch's operators and the operators that took the most time."""
+    result = dry_run("--parts", "g")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert re.findall(r"^== \((\w)\)", out, re.M) == ["g"] and "FAILED" not in out and "SKIPPED" not in out
+    for path in ("AR static+compiled", "WeDLM static+compiled"):
+        assert re.search(rf"^{re.escape(path)} +64 +\d+\.\d+ +\d", out, re.M), path
+    assert "target:" not in out  # the targets are batch 1's, part (d)'s
+    line = re.search(r"^batch 64, 5 decoding steps: wall (\S+) ms/step, of which (\S+) ms outside torch's", out, re.M)
+    assert line and 0 < float(line[2]) < float(line[1]), out[-3000:]
+    assert "aten::mm" in out and out.rstrip().endswith("RESULT: parts g measured (above)")
+
+
 def test_gpu_check_refuses_unknown_parts():
     result = dry_run("--parts", "ax", timeout=120)
-    assert result.returncode == 2 and "--parts ax: give letters among a, b, c, d, e and f" in result.stderr
+    assert result.returncode == 2 and "--parts ax: give letters among a to g" in result.stderr
 
 
 def test_gpu_check_without_wheels_says_what_to_do(tmp_path):
