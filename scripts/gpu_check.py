@@ -401,6 +401,29 @@ def _print_targets(results: dict, bound: float) -> None:
         print(f"target: {text}: {'' if value is None else f'{value:.2f}x '}{verdict}")
 
 
+SPEED_TOKENS = dict(ar_tokens=(64, 16), wedlm_tokens=(128, 32))  # (d) and (g): (N, n) new tokens
+
+
+def _speed_settings(cpu: bool, device: str, start: float, deadline: float | None) -> dict:
+    """(d)'s and (g)'s settings for `decode_speed`: the dry run's (dynamo only, no inductor: cheap; transformers
+    compiles off CUDA only when told to), or transformers' default compile of a static cache on CUDA; rows start
+    until `deadline` seconds after `start` (by default 390, from when a started compiled 8B row, about a minute,
+    still ends by 8 minutes; the dry run's 300)."""
+    if cpu:
+        speed = dict(prompt_len=32, compile_config=generate_compile_config("eager", device), repeats=1)
+        return speed | dict(copy_bytes=64 * 2**20, deadline=start + (300 if deadline is None else deadline))
+    speed = dict(prompt_len=256, compile_config=None, repeats=3, copy_bytes=4 * 2**30)
+    return speed | dict(deadline=start + (390 if deadline is None else deadline))
+
+
+def _has_model(model, part: str, failures: list[str]) -> bool:
+    """Whether (c)'s model was built; where not, `part` fails with a line saying so."""
+    if model is None:
+        print(f"PART {part} FAILED: no model (see (c))")
+        failures.append(part)
+    return model is not None
+
+
 def _one_line(error: BaseException) -> str:
     """The traceback's last line (the error and its message) on one line."""
     text = "".join(traceback.format_exception_only(type(error), error)).strip()
@@ -479,36 +502,16 @@ def main() -> int:
 
     if "d" in parts:
         section(f"(d) decoding steps and tokens/s of generate, AR and WeDLM, static+compiled and eager, {shape}")
-        if model is None:
-            print("PART (d) FAILED: no model (see (c))")
-            failures.append("(d)")
-        else:
-            if cpu:  # dynamo only (no inductor): cheap; transformers compiles off CUDA only when told to
-                compile_config = generate_compile_config("eager", device)
-                speed = dict(prompt_len=32, compile_config=compile_config, repeats=1, copy_bytes=64 * 2**20)
-                deadline = began + (300 if args.deadline is None else args.deadline)
-            else:  # transformers' default compile of a static cache on CUDA
-                speed = dict(prompt_len=256, compile_config=None, repeats=3, copy_bytes=4 * 2**30)
-                # A row started by then ends by 8 minutes (a compiled 8B row: about a minute).
-                deadline = began + (390 if args.deadline is None else args.deadline)
-            batches, tokens = (1, 16), dict(ar_tokens=(64, 16), wedlm_tokens=(128, 32))
-            run_part("(d)", failures, decode_speed, model, batches, **tokens, **speed, deadline=deadline)
+        if _has_model(model, "(d)", failures):
+            speed = _speed_settings(cpu, device, began, args.deadline)
+            run_part("(d)", failures, decode_speed, model, (1, 16), **SPEED_TOKENS, **speed)
 
     if "g" in parts:
         section(f"(g) the step at batch 64: compiled AR and WeDLM, then a profile of WeDLM's eager step, {shape}")
-        if model is None:
-            print("PART (g) FAILED: no model (see (c))")
-            failures.append("(g)")
-        else:
+        if _has_model(model, "(g)", failures):
             compiled_paths = tuple(path for path in SPEED_PATHS if path[2])
-            if cpu:
-                speed = dict(prompt_len=32, compile_config=generate_compile_config("eager", device), repeats=1)
-                speed |= dict(copy_bytes=64 * 2**20, deadline=began + 300)
-            else:
-                speed = dict(prompt_len=256, compile_config=None, repeats=3, copy_bytes=4 * 2**30)
-                speed |= dict(deadline=began + (390 if args.deadline is None else args.deadline))
-            tokens = dict(ar_tokens=(64, 16), wedlm_tokens=(128, 32))
-            run_part("(g) speed", failures, decode_speed, model, (64,), **tokens, **speed, paths=compiled_paths)
+            speed = _speed_settings(cpu, device, time.perf_counter(), args.deadline)
+            run_part("(g) speed", failures, decode_speed, model, (64,), **SPEED_TOKENS, **speed, paths=compiled_paths)
             run_part("(g) profile", failures, step_profile, model, 64, speed["prompt_len"])
     del model
 
