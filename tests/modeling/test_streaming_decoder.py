@@ -90,3 +90,16 @@ def test_finished_rows_stop_adding_work(model64):
     short, long_ = sorted(out.wedlm_stats, key=lambda s: s.forwards)
     assert short.tokens < 24 and short.forwards < long_.forwards
     assert short.rows_fed < long_.rows_fed
+
+
+def test_a_finished_row_drops_its_context_index(model64):
+    """A row's context index (for its copies from the context) lives while it decodes; once it finishes, a caller
+    that keeps the row (a server's request, `keep_cache`) does not keep the index with it."""
+    decoder = StreamingDecoder(model64, MASK_ID, keep_cache=True)
+    text = [5, 6, 7, 8] * 6  # text that repeats: the row copies from it
+    row = decoder.add(text, DecodingSettings(max_new_tokens=12, window_size=4))
+    indexed = False
+    while decoder.busy:
+        decoder.step()
+        indexed |= row.context is not None and row.context.length >= len(text)
+    assert indexed and row.done and row.context is None and row.kv is not None

@@ -238,11 +238,15 @@ class StreamingDecoder:
                 commit_ending(row)
 
     def _retire(self, finished: list[DecodingRow]) -> None:
+        """Finished rows leave the cache (their K/V kept where asked) and drop their context index, which a caller
+        holding the row has no use for."""
         leaving = {id(row) for row in finished}
         positions = [i for i, row in enumerate(self.active) if id(row) in leaving]
         if self.keep_cache:
             for i in positions:
                 self.active[i].kv = _truncated(self.kv.row_kv(i), self.active[i].committed)
+        for row in finished:
+            row.context = None
         survivors = [i for i, row in enumerate(self.active) if id(row) not in leaving]
         self.active = [self.active[i] for i in survivors]
         self.kv.select_rows(survivors)
