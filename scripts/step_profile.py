@@ -61,7 +61,8 @@ def step_profile(model, batch: int, prompt_len: int, steps: int = 5, rows: int =
         summary["device_busy_ms_per_step"] = busy / steps * 1e3
         line += f", device busy {summary['device_busy_ms_per_step']:.2f} ms/step ({busy / wall:.0%} of the wall)"
     print(f"{line}; {summary['aten_calls_per_step']:.0f} aten calls per step (nested ones included)")
-    if cuda:
-        print(events.table(sort_by="self_cuda_time_total", row_limit=rows))
+    if cuda:  # the device-time key's name changed across torch versions
+        key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+        print(events.table(sort_by=key, row_limit=rows))
     print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
     return summary
