@@ -35,11 +35,13 @@ def test_every_cell_is_measured_and_reported():
     )
     assert set(report) == {1, 2, "per_added_row", "context_lookup"}
     lookups = report["context_lookup"]  # both look-ups found continuations at the same steps (else it raises)
-    assert set(lookups) == {64, 512}
+    memory = lookups.pop("index_bytes_per_token")
+    assert set(lookups) == {64, 512} and set(memory) == {3, 8} and 0 < memory[3] < memory[8]
     for cell in lookups.values():
         assert cell["WeDLM index"] > 0 and cell["prompt lookup"] > 0
         assert cell["ratio"] == cell["prompt lookup"] / cell["WeDLM index"] and cell["index_build_ms"] > 0
     assert sum(line.startswith("context ") and line.endswith(" ms)") for line in lines) == 2
+    assert lines[-1].startswith("the index's host memory per token of a 512-token context: ")
     for batch in (1, 2):
         seconds = report[batch]["seconds_per_step"]
         assert set(seconds) == {"AR eager", "WeDLM eager", "AR static+compiled", "WeDLM static+compiled"}

@@ -5,12 +5,14 @@ Each step a row that drafts from the context indexes the token it committed and 
 fastest drafting a transformers user has) scans the whole text for the same suffix. Both look up the longest suffix
 of three tokens or fewer in random text over a 150,000-token vocabulary, where that suffix seldom occurred before:
 the look-up that finds nothing, which a scan pays in full. Interleaved, best of `repeats` runs of `steps` steps. A
-row's index is built for its context once, at its first look-up: that time is printed beside.
+row's index is built for its context once, at its first look-up: that time is printed beside, and last the host
+memory the index takes per token of context.
 """
 
 import gc
 import random
 import time
+import tracemalloc
 
 import torch
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
@@ -20,6 +22,7 @@ from .interleaved_runs import rotated
 
 VOCABULARY = 150_000
 NGRAM = 3
+SERVER_NGRAM = 8  # the largest `wedlm_context_ngram` `wedlm-hf serve` accepts (`serving.request_fields`)
 
 
 def _decoders(text: list[int], context: int) -> dict:
@@ -86,4 +89,24 @@ def run_lookup_benchmark(contexts=(1024, 8192, 32768), steps: int = 200, repeats
             f"{us['prompt lookup']:7.1f} us per step: {report[context]['ratio']:.1f}x (the index, built once for "
             f"the context: {build * 1e3:.1f} ms)"
         )
+    text = [rng.randrange(VOCABULARY) for _ in range(max(contexts))]
+    report["index_bytes_per_token"] = {n: _index_bytes(text, n) / len(text) for n in (NGRAM, SERVER_NGRAM)}
+    log(
+        f"the index's host memory per token of a {len(text)}-token context: "
+        + ", ".join(f"{b / 1e3:.2f} KB at {n} n-gram sizes" for n, b in report["index_bytes_per_token"].items())
+    )
     return report
+
+
+def _index_bytes(text: list[int], largest: int) -> int:
+    """Bytes an index of `text` allocates for n-gram sizes up to `largest` (the tokens themselves not counted)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        index = ContextIndex()
+        index.extend(text)
+        before = tracemalloc.get_traced_memory()[0]
+        index.lookup([], largest, 1)  # indexes every size up to `largest` (random text: the look-up finds nothing)
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
