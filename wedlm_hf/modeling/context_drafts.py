@@ -6,8 +6,8 @@ output (verification keeps AR's tokens), so such drafts can fill the window's ma
 index keeps, for each n-gram size looked up, where each n-gram of the committed text last occurs, brought up to
 date when a look-up needs it (in C: a dictionary updated from zipped slices): a look-up is a few dictionary reads,
 whatever the text's length, where a scan of the text grows with it (on a long context, more than the rest of a
-row's step); a row's first look-up builds it for the prompt. It costs host memory: about 0.4 KB per token of context
-at three n-gram sizes (an 8B model's K/V take about 150 KB per token), dropped when the row finishes. A resting
+row's step); a row's first look-up builds it for the prompt. It costs host memory (`wedlm-hf bench-step` prints how
+much per token of context; an 8B model's K/V take about 150 KB per token), dropped when the row finishes. A resting
 source makes no look-up.
 
 On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
