@@ -223,7 +223,12 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="dry run: tiny sizes, CPU, float32")
     parser.add_argument("--parts", default="abcdf", help="the parts to run, e.g. abcdf, e or g (default: abcdf)")
     parser.add_argument("--json-dir", default=None, help="(e) writes its measurements here as JSON (default: none)")
-    parser.add_argument("--deadline", type=float, help="seconds after which (d) starts no row (default 390, dry 300)")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        help="seconds after which (d) starts no row, counted from the script's start, and (g), from its own (default "
+        "390, dry 300)",
+    )
     args = parser.parse_args()
     cpu, parts = args.cpu, set(args.parts)
     if not parts or not parts <= set("abcdefg"):

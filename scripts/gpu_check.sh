@@ -17,7 +17,7 @@
 # makes the exit status 1.
 # On a machine without network: run scripts/gpu_wheels.sh where there is one, and bring the .whl/ folder along;
 # this script installs from it only the wheels whose package is missing or older there (into /tmp/site).
-# Usage: scripts/gpu_check.sh [--parts abcdef] [--json-dir DIR]   on the GPU machine, from a checkout with .whl/
+# Usage: scripts/gpu_check.sh [--parts abcdefg] [--json-dir DIR]   on the GPU machine, from a checkout with .whl/
 #        scripts/gpu_check.sh --cpu [--parts ...]   dry run on the CPU: tiny sizes, float32, dynamo's eager backend,
 #                                                   no wheel install
 set -euo pipefail

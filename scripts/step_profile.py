@@ -1,10 +1,11 @@
 """gpu_check.sh part (g): where a WeDLM step's time goes at serving scale (a batch of 64 on the 8B shape).
 
-Rows in the default mode at forced acceptance (every mask filled each step, W = 16) share one `StreamingDecoder`, as
-under `wedlm-hf serve`; after the prefill and two warm-up steps, `steps` decoding steps run under torch.profiler:
-per step, the wall time, the host's time outside torch's operators (the decoder's Python), the time the device was
-busy (the kernels' own time) and the torch operators the host issued; then the operators that took the most device
-time and the most host time. Where the device is busy for much less than the wall time, the step waits for the
+Rows in the default mode as `wedlm-hf serve` runs it (context drafts on; (g)'s compiled rows, like (d)'s, time the
+paper's rule), at forced acceptance (every mask filled under the threshold, W = 16), share one `StreamingDecoder`;
+after the prefill and two warm-up steps, `steps` decoding steps run under torch.profiler. Averaged over them, per
+step: the wall time, the host's time outside torch's operators (the decoder's Python), the time the device was busy
+(the kernels' own time) and the torch operators the host issued; then the operators that took the most device time
+and the most host time. Where the device is busy for much less than the wall time, the step waits for the
 host: the per-row Python that issue 57's batch state removes. The CPU dry run profiles the host alone.
 """
 

@@ -21,6 +21,7 @@ BAD = [
     ("wedlm_lossless", "yes"),
     ("wedlm_context_drafts", 1),
     ("wedlm_context_ngram", 0),
+    ("wedlm_context_ngram", 17),  # each size up to it is indexed per row
 ]
 
 

@@ -4,9 +4,10 @@ Each step a row that drafts from the context indexes the token it committed and 
 (`context_drafts.ContextIndex`); transformers' prompt lookup (`PromptLookupCandidateGenerator.get_candidates`, the
 fastest drafting a transformers user has) scans the whole text for the same suffix. Both look up the longest suffix
 of three tokens or fewer in random text over a 150,000-token vocabulary, where that suffix seldom occurred before:
-the look-up that finds nothing, which a scan pays in full. Interleaved, best of `repeats` runs of `steps` steps. A
-row's index is built for its context once, at its first look-up: that time is printed beside, and last the host
-memory the index takes per token of context.
+the look-up that finds nothing, which a scan pays in full. They look up the committed text alone: a decoding row's
+final token after it adds a few direct comparisons (`ContextIndex.lookup`). Interleaved, best of `repeats` runs of
+`steps` steps. A row's index is built for its context once, at its first look-up: that time is printed beside, and
+last the host memory the index takes per token of context.
 """
 
 import gc
@@ -17,12 +18,13 @@ import tracemalloc
 import torch
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
+from ..modeling import WeDLMDecodingConfig
 from ..modeling.context_drafts import ContextIndex
+from ..serving.request_fields import MAX_CONTEXT_NGRAM as SERVER_NGRAM  # the most `wedlm-hf serve` accepts
 from .interleaved_runs import rotated
 
 VOCABULARY = 150_000
-NGRAM = 3
-SERVER_NGRAM = 8  # the largest `wedlm_context_ngram` `wedlm-hf serve` accepts (`serving.request_fields`)
+NGRAM = WeDLMDecodingConfig.context_ngram  # the default
 
 
 def _decoders(text: list[int], context: int) -> dict:
@@ -106,7 +108,7 @@ def _index_bytes(text: list[int], largest: int) -> int:
         index = ContextIndex()
         index.extend(text)
         before = tracemalloc.get_traced_memory()[0]
-        index.lookup([], largest, 1)  # indexes every size up to `largest` (random text: the look-up finds nothing)
+        index.lookup([-1], largest, 1)  # a suffix with a token no text holds: every size is looked up, so indexed
         return tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

@@ -62,11 +62,12 @@ class ContextIndex:
         text, latest, indexed = self.tokens, self.latest, self.indexed
         committed, drafts = len(text), len(pending)
         end = committed + drafts
+        largest = largest if largest < end else end - 1  # a suffix leaves a token before it
         while len(indexed) <= largest:
             indexed.append(0)
         near = committed - LONG_MATCH - largest if committed > LONG_MATCH + largest else 0
         tail = text[near:] + pending  # the suffixes and what agrees before them lie in it
-        for n in range(largest if largest < end else end - 1, 0, -1):
+        for n in range(largest, 0, -1):
             suffix = tail[-n:]
             # An occurrence starts in the committed text and ends before the suffix does (something follows it): those
             # that end before the text's last token are indexed, the few later ones are compared here.

@@ -10,6 +10,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 PREFIX = "wedlm_"
+# Context n-grams matched at most: a row indexes every size up to it, in memory that grows with its square.
+MAX_CONTEXT_NGRAM = 16
 
 
 class WeDLMOptionError(ValueError):
@@ -59,8 +61,8 @@ class WeDLMDecodingConfig:
         for name in ("lossless", "context_drafts"):
             if not isinstance(getattr(self, name), bool):
                 refuse(name, "a boolean: true or false (True or False in Python)")
-        if not _is_int(self.context_ngram) or self.context_ngram < 1:
-            refuse("context_ngram", "an integer >= 1")
+        if not _is_int(self.context_ngram) or not 1 <= self.context_ngram <= MAX_CONTEXT_NGRAM:
+            refuse("context_ngram", f"an integer from 1 to {MAX_CONTEXT_NGRAM}")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

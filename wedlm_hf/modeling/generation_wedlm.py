@@ -122,7 +122,7 @@ def generate_wedlm(
             text's suffix (prompt lookup's rule), kept where AR agrees; in the default mode also AR's own next token
             and checks of its unsure fills (docs/algorithm.md section 3.m); off: the paper's rule, and in lossless
             mode the model's own drafts only.
-        wedlm_context_ngram (int, 3): the longest suffix matched for context drafts, tried down to one token.
+        wedlm_context_ngram (int, 3): the longest suffix matched for context drafts (1 to 16), tried down to one token.
         mask_token_id (int): argument, then `config.mask_token_id`, then the generation config, then the
             tokenizer's mask token.
         grammar: structured output (docs/structured-output.md): the generated text of every row matches it and a row
