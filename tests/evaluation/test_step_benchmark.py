@@ -5,8 +5,11 @@ import math
 import torch
 
 from wedlm_hf.cli import build_parser
+from wedlm_hf.evaluation.lookup_benchmark import SERVER_NGRAM
 from wedlm_hf.evaluation.step_benchmark import HostReads, run_step_benchmark, step_model
 from wedlm_hf.evaluation.step_calls import TARGET_OPS, per_step_counts
+from wedlm_hf.modeling import WeDLMDecodingConfig
+from wedlm_hf.serving.request_fields import MAX_CONTEXT_NGRAM
 
 
 def test_host_reads_are_counted():
@@ -35,8 +38,9 @@ def test_every_cell_is_measured_and_reported():
     )
     assert set(report) == {1, 2, "per_added_row", "context_lookup"}
     lookups = report["context_lookup"]  # both look-ups found continuations at the same steps (else it raises)
-    memory = lookups.pop("index_bytes_per_token")
-    assert set(lookups) == {64, 512} and set(memory) == {3, 8} and 0 < memory[3] < memory[8]
+    memory = lookups.pop("index_bytes_per_token")  # at the default n-gram sizes and the server's most
+    assert SERVER_NGRAM == MAX_CONTEXT_NGRAM and set(memory) == {WeDLMDecodingConfig.context_ngram, MAX_CONTEXT_NGRAM}
+    assert set(lookups) == {64, 512} and 0 < memory[3] < memory[8]
     for cell in lookups.values():
         assert cell["WeDLM index"] > 0 and cell["prompt lookup"] > 0
         assert cell["ratio"] == cell["prompt lookup"] / cell["WeDLM index"] and cell["index_build_ms"] > 0

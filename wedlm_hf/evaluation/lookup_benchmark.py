@@ -20,11 +20,11 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 
 from ..modeling import WeDLMDecodingConfig
 from ..modeling.context_drafts import ContextIndex
-from ..serving.request_fields import MAX_CONTEXT_NGRAM as SERVER_NGRAM  # the most `wedlm-hf serve` accepts
 from .interleaved_runs import rotated
 
 VOCABULARY = 150_000
 NGRAM = WeDLMDecodingConfig.context_ngram  # the default
+SERVER_NGRAM = 8  # the most `wedlm-hf serve` accepts (`serving.request_fields.MAX_CONTEXT_NGRAM`; no wing imports it)
 
 
 def _decoders(text: list[int], context: int) -> dict:
