@@ -23,26 +23,14 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--no-context-drafts",
         action="store_true",
-        help="with --lossless: draft only the model's own fills, not tokens copied from the context",
+        help="draft only the model's own fills, not tokens copied from the context (both modes)",
     )
     parser.add_argument(
         "--context-ngram",
         type=positive_int,
         default=None,
         metavar="N",
-        help="with --lossless: longest suffix matched for context drafts, tried down to 1 (default: 3, or the "
-        "model's generation config)",
+        help="longest suffix matched for context drafts, tried down to 1 (default: 3, or the model's generation "
+        "config)",
     )
 
-
-def check(parser, args) -> None:
-    """Context drafts exist only in lossless mode: asking to tune them without --lossless is a mistake to name."""
-    if args.lossless:
-        return
-    given = [
-        name
-        for name, set_ in (("--no-context-drafts", args.no_context_drafts), ("--context-ngram", args.context_ngram))
-        if set_
-    ]
-    if given:
-        parser.error(f"{' and '.join(given)} only apply to lossless decoding: add --lossless, or drop them")
