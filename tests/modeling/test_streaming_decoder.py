@@ -11,9 +11,9 @@ from transformers import LogitsProcessorList
 from transformers.generation import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper
 
 from wedlm_hf.evaluation.step_benchmark import HostReads
-from wedlm_hf.modeling.decoding_state import DecodingSettings
+from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings
 from wedlm_hf.modeling.slot_cache import SlotCache
-from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
+from wedlm_hf.modeling.streaming_decoder import StreamingDecoder, _without_the_mask
 from wedlm_hf.modeling.window_filling import FillSampler
 
 
@@ -103,3 +103,21 @@ def test_a_finished_row_drops_its_context_index(model64):
         decoder.step()
         indexed |= row.context is not None and row.context.length >= len(text)
     assert indexed and row.done and row.context is None and row.kv is not None
+
+
+@pytest.mark.parametrize("beside", [None, "lossless", "paper"])
+def test_a_default_row_chooses_its_ar_tokens_without_the_mask_token(beside):
+    """A default-mode row that drafts from the context never takes the mask token as AR's choice (its fills never
+    do); a lossless row beside it keeps it, as plain `generate` does, and so does every column of a row under the
+    paper's rule (which reads its mask columns through the fill's own suppression)."""
+    mask = 5
+    rows = [DecodingRow(0, [1, 2], DecodingSettings(max_new_tokens=4))]
+    if beside:
+        other = dict(lossless=True) if beside == "lossless" else dict(context_drafts=False)
+        rows.append(DecodingRow(1, [3], DecodingSettings(max_new_tokens=4, **other)))
+    logits = torch.zeros(len(rows), 3, 8)
+    logits[..., mask] = 100.0  # the mask token would win every argmax
+    _without_the_mask(rows, logits, {b: [0, 1] for b in range(len(rows))}, mask)
+    assert logits[0, :2].argmax(-1).tolist() == [0, 0] and (logits[0, :2, mask] == float("-inf")).all()
+    if beside:
+        assert (logits[1, :, mask] == 100.0).all()

@@ -272,8 +272,13 @@ def _follow_ar_logits(row: DecodingRow, logits: torch.Tensor, columns: list[int]
 def _without_the_mask(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, mask_token_id: int) -> None:
     """A verifying default-mode row chooses its AR tokens without the mask token, which the default mode never
     emits (its fills never do); lossless rows keep it, as plain `generate` does. In place, after the rows that
-    keep their AR logits took theirs, in one write."""
-    pairs = [(b, c) for b, cs in ar_rows.items() if rows[b].verifies and not rows[b].settings.lossless for c in cs]
+    keep their AR logits took theirs, in one write. Where every row is such a row, the write takes every column:
+    their mask columns are read only through `suppress_token`, which does the same, and no index is built."""
+    default = [row.verifies and not row.settings.lossless for row in rows]
+    if False not in default:
+        logits.select(-1, mask_token_id).fill_(float("-inf"))
+        return
+    pairs = [(b, c) for b, cs in ar_rows.items() if default[b] for c in cs]
     if pairs:
         at = device_index([b for b, _ in pairs], logits), device_index([c for _, c in pairs], logits)
         logits[at[0], at[1], mask_token_id] = float("-inf")
