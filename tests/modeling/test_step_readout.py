@@ -1,6 +1,7 @@
 """`read_step`, the step's one read from the device: what the fill and the lossless commit need, for every row at
 once, in one transfer, and nothing read where nothing needs it."""
 
+import pytest
 import torch
 
 from wedlm_hf.evaluation.step_benchmark import HostReads
@@ -65,3 +66,25 @@ def test_rows_that_draw_their_own_fills_read_entropies_but_no_greedy_tokens():
         out = read_step([row(sampled=True), row(sampled=True, lossless=True)], logits, 3, MASK, {})
     assert reads.count == 1
     assert out.top is None and len(out.entropies) == 2 and len(out.entropies[0]) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_premasked_batch_reads_what_the_suppressed_read_gives(dtype):
+    """Default rows that draft from the context have the mask token out of every column before the read
+    (`premasked`): one `max` over every column gives the fills' greedy tokens and entropies' maxima and AR's argmax,
+    the same values as suppressing it in the mask columns and taking both apart, in float32 and in bfloat16 (whose
+    masks are read in float32)."""
+    logits = logits_with_the_mask_token_on_top(3, 6).to(dtype)
+    rows = [row(), row(), row()]
+    ar_rows = {b: [0, 1, 2] for b in range(3)}
+    premasked = logits.clone()
+    premasked[..., MASK] = float("-inf")
+    apart = premasked.clone()
+    with HostReads() as reads:
+        shared = read_step(rows, premasked, 3, MASK, ar_rows, premasked=True)
+    assert reads.count == 1
+    want = read_step(rows, apart, 3, MASK, ar_rows)
+    assert shared.entropies == want.entropies and shared.top == want.top and shared.ar_top == want.ar_top
+    assert shared.scores.dtype == torch.float32 and torch.equal(shared.scores, want.scores)
+    assert torch.equal(premasked, apart)  # read in place, not written
+    assert all(MASK not in top for top in shared.ar_top)

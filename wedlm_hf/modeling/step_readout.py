@@ -46,23 +46,36 @@ def read_step(
     ar_rows: dict,
     runs: list[int] | None = None,
     masks: list[list[int]] | None = None,
+    premasked: bool = False,
 ) -> StepReadout:
     """The readout of a forward's `logits` (batch, columns, vocab), whose last `n_masks` columns are masks;
     `ar_rows`: each row's AR columns. With the feed's `runs` (each row's leading run), the lossless rows with
     their sampler's own choice are judged in the same read, and with its `masks` (each row's fed mask positions)
-    the fills of rows with their own draw are drawn (`step_draws`); without, both come after the read."""
+    the fills of rows with their own draw are drawn (`step_draws`); without, both come after the read.
+    `premasked`: every column already has the mask token at -inf (a batch of default rows that draft from the
+    context); where no row draws its own fills, one `max` over every column then gives the masks' maxima and greedy
+    tokens and the AR argmax, and the mask columns are read in place."""
     out, parts = StepReadout(), []
-    filling = [row for row in rows if not row.done]
-    greedy_fills = any(not own_draw(row) for row in filling)
-    if n_masks and filling:
-        out.scores = suppress_token(logits[:, logits.shape[1] - n_masks :], mask_token_id)
-        maxima, top = out.scores.max(dim=-1)  # `greedy`'s tokens, and the maxima the entropy shifts by
+    drawing = [own_draw(row) for row in rows if not row.done]
+    greedy_fills = False in drawing
+    verifying = any(greedy_verifier(rows[b]) for b in ar_rows)
+    ar_top = None
+    if n_masks and drawing:
+        mask_columns = logits[:, logits.shape[1] - n_masks :]
+        if premasked and verifying and True not in drawing:
+            column_maxima, ar_top = logits.max(dim=-1)
+            out.scores, maxima, top = mask_columns, column_maxima[:, -n_masks:], ar_top[:, -n_masks:]
+            if mask_columns.dtype in (torch.float16, torch.bfloat16):  # as `suppress_token` reads them
+                out.scores, maxima = mask_columns.float(), maxima.float()
+        else:
+            out.scores = suppress_token(mask_columns, mask_token_id)
+            maxima, top = out.scores.max(dim=-1)  # `greedy`'s tokens, and the maxima the entropy shifts by
         parts.append(entropy(out.scores, maxima))
         if greedy_fills:
             parts.append(top.to(parts[0].dtype))
-    verifying = any(greedy_verifier(rows[b]) for b in ar_rows)
     if verifying:
-        parts.append(greedy(logits).to(parts[0].dtype if parts else torch.float32))
+        ar_top = greedy(logits) if ar_top is None else ar_top
+        parts.append(ar_top.to(parts[0].dtype if parts else torch.float32))
     pending = []  # (tensors, what their values give, where it goes)
     if runs is not None:
         pending.append((*verification_draws(rows, logits, ar_rows, runs), out.predictions))

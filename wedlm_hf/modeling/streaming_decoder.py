@@ -154,9 +154,9 @@ class StreamingDecoder:
             row = rows[b]
             if row.tracks_logits or (row.grammar is not None and row.settings.lossless):
                 _follow_ar_logits(row, logits[b], cs, feed.starts[b], feed.runs[b], sparse.get(b))
-        _without_the_mask(rows, logits, ar_rows, self.mask_token_id)
+        premasked = _without_the_mask(rows, logits, ar_rows, self.mask_token_id)
         early = (feed.runs, feed.masks) if self.draws_before_read else (None, None)
-        readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows, *early)
+        readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows, *early, premasked)
         kept, stale = self._commit(rows, feed, logits, ar_rows, readout)
         self._fill(rows, feed, logits[:, len(columns) - feed.n_masks :], readout, stale)
         finished = [row for row in rows if row.done]
@@ -269,19 +269,20 @@ def _follow_ar_logits(row: DecodingRow, logits: torch.Tensor, columns: list[int]
         restrict_to_grammar(row, logits, columns, run, bool(start))
 
 
-def _without_the_mask(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, mask_token_id: int) -> None:
+def _without_the_mask(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, mask_token_id: int) -> bool:
     """A verifying default-mode row chooses its AR tokens without the mask token, which the default mode never
     emits (its fills never do); lossless rows keep it, as plain `generate` does. In place, after the rows that
-    keep their AR logits took theirs, in one write. Where every row is such a row, the write takes every column:
-    their mask columns are read only through `suppress_token`, which does the same, and no index is built."""
+    keep their AR logits took theirs, in one write. Where every row is such a row, the write takes every column
+    (their mask columns are read without the mask token too) and no index is built: returns whether it did."""
     default = [row.verifies and not row.settings.lossless for row in rows]
     if False not in default:
         logits.select(-1, mask_token_id).fill_(float("-inf"))
-        return
+        return True
     pairs = [(b, c) for b, cs in ar_rows.items() if default[b] for c in cs]
     if pairs:
         at = device_index([b for b, _ in pairs], logits), device_index([c for _, c in pairs], logits)
         logits[at[0], at[1], mask_token_id] = float("-inf")
+    return False
 
 
 def _truncated(kv: list, length: int) -> list:
