@@ -103,7 +103,8 @@ def test_the_index_grows_with_prompt_and_generated_text():
 def test_the_index_finds_what_a_scan_of_the_text_finds():
     """The index grows as tokens commit and looks up only what it indexed and the suffix's neighbourhood; the reference
     decoder's look-up scans the whole text each time. On random text over a few tokens (every suffix occurs often,
-    many overlap the drafts), grown in random steps, with random drafts, n-gram sizes and limits, both agree."""
+    many overlap the drafts), grown in random steps, at times indexed ahead at some sizes, with random drafts, n-gram sizes
+    and limits, both agree."""
     rng = random.Random(0)
     for _ in range(300):
         vocabulary, index, text = rng.randint(1, 5), ContextIndex(), []
@@ -111,6 +112,8 @@ def test_the_index_finds_what_a_scan_of_the_text_finds():
             new = [rng.randint(0, vocabulary) for _ in range(rng.randint(0, 12))]
             text += new
             index.sync(text[:4], text[4:]) if len(text) >= 4 else index.extend(new)
+            if rng.random() < 0.3:  # indexed ahead of the look-ups (a prompt fed in chunks)
+                index.index_sizes(rng.randint(1, 8))
             for _ in range(3):
                 pending = [rng.randint(0, vocabulary) for _ in range(rng.randint(0, 8))]
                 largest, limit = rng.randint(1, 8), rng.randint(0, 14)

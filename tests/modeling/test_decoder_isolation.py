@@ -165,6 +165,26 @@ def test_a_token_budget_alone_prefills_in_chunks_and_keeps_the_answer(model):
     assert max(w for _, w in widths.shapes) <= 32 and widths.shapes[0][1] < len(ids)
 
 
+@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
+def test_a_prompt_fed_in_chunks_is_indexed_with_them(model, lossless):
+    """A row that drafts from the context indexes its prompt chunk by chunk as it is fed, at every n-gram size its
+    look-ups take, so that the step after its prefill does not index it whole; its answer stays the one it gives
+    fed at once."""
+    ids, row_settings = prompt(200, seed=11), settings(window_size=4, context_ngram=4, lossless=lossless)
+    decoder = StreamingDecoder(model, MASK_ID, token_budget=32)
+    row, covered = decoder.add(ids, row_settings), []
+    while not row.prefilled:
+        fed = row.prompt_fed
+        decoder.step()
+        index = row.context
+        assert index.tokens == ids[:fed] and index.indexed[1:] == [fed] * 4
+        covered.append(fed)
+    assert len(covered) > 4 and covered[-1] > len(ids) - 32  # the last chunk is indexed at the first look-up
+    while decoder.busy:
+        decoder.step()
+    assert row.generated == run(model, [(0, ids, row_settings)])[0]
+
+
 class Costs(Widths):
     """Records (batch, width, keys) of every forward: its token rows and the keys each reads."""
 

@@ -6,9 +6,9 @@ output (verification keeps AR's tokens), so such drafts can fill the window's ma
 index keeps, for each n-gram size looked up, where each n-gram of the committed text last occurs, brought up to
 date when a look-up needs it (in C: a dictionary updated from zipped slices): a look-up is a few dictionary reads,
 whatever the text's length, where a scan of the text grows with it (on a long context, more than the rest of a
-row's step); a row's first look-up builds it for the prompt. It costs host memory (`wedlm-hf bench-step` prints how
-much per token of context; an 8B model's K/V take about 150 KB per token), dropped when the row finishes. A resting
-source makes no look-up.
+row's step). A joining row indexes its prompt as it is fed, a chunk a step (`index_fed_prompt`), so no step builds
+a long prompt's index whole. It costs host memory (`wedlm-hf bench-step` prints how much per token of context; an
+8B model's K/V take about 150 KB per token), dropped when the row finishes. A resting source makes no look-up.
 
 On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
 after one period. There, and only where the text's last d tokens already repeat the d before them (d: how far back
@@ -47,6 +47,17 @@ class ContextIndex:
             self.tokens += prompt[fed:]
             fed = len(prompt)
         self.tokens += generated[fed - len(prompt) :]
+
+    def index_sizes(self, largest: int) -> None:
+        """Indexes the n-grams of every size up to `largest` that the text has so far, ahead of the look-ups that
+        would otherwise index them all at once (a joining prompt's, chunk by chunk as it is fed)."""
+        text, indexed = self.tokens, self.indexed
+        while len(indexed) <= largest:
+            indexed.append(0)
+        for n in range(1, largest + 1):
+            if indexed[n] < len(text):
+                _index(self.latest, text, n, indexed[n])
+                indexed[n] = len(text)
 
     def continuation(self, pending: list[int], largest: int, limit: int) -> list[int]:
         """Up to `limit` tokens that followed the latest earlier occurrence of the longest suffix of `largest`
@@ -119,6 +130,17 @@ def _copy(text: list[int], pending: list[int], source: int, count: int) -> list[
     while len(copied) < count:
         copied.append(copied[len(copied) - offset])
     return copied
+
+
+def index_fed_prompt(row) -> None:
+    """Indexes the prompt tokens a joining row has fed so far, at every n-gram size its look-ups take: a long prompt
+    fed in chunks over several steps is indexed with them, a chunk a step, so that no step indexes it whole (the
+    step after its prefill would, at its first look-up: 22 ms at 32k tokens, beside every row of the batch)."""
+    if row.context is None:
+        row.context = ContextIndex()
+    index = row.context
+    index.extend(row.prompt[index.length : row.prompt_fed])
+    index.index_sizes(row.settings.context_ngram)
 
 
 def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False) -> bool:

@@ -16,7 +16,7 @@ themselves are policies, one instance for every row. The model's drafts are mask
 corpus index) implements these three and joins `draft_sources`.
 """
 
-from .context_drafts import LONG_MATCH, copy_from_context
+from .context_drafts import LONG_MATCH, copy_from_context, index_fed_prompt
 from .decoding_state import OWN_SOURCES, DecodingRow
 from .draft_windows import GROWTH, JOIN_MASKS
 
@@ -113,6 +113,7 @@ class ContextDrafts(DraftSource):
         have already left the text it would copy. Once they failed (code), a copy continues the final token in
         place of their unverified drafts, which would stand before it and could take it down with them."""
         if not row.prefilled:
+            index_fed_prompt(row)
             return masks
         if not row.settings.lossless:
             # Default mode: where the rule's fills pass its threshold the model is sure and copies cost its masks:
