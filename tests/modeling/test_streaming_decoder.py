@@ -105,19 +105,29 @@ def test_a_finished_row_drops_its_context_index(model64):
     assert indexed and row.done and row.context is None and row.kv is not None
 
 
-@pytest.mark.parametrize("beside", [None, "lossless", "paper"])
-def test_a_default_row_chooses_its_ar_tokens_without_the_mask_token(beside):
+@pytest.mark.parametrize("beside", [None, "lossless", "paper", "sampled"])
+def test_a_default_row_chooses_its_ar_tokens_without_the_mask_token(model64, beside):
     """A default-mode row that drafts from the context never takes the mask token as AR's choice (its fills never
     do); a lossless row beside it keeps it, as plain `generate` does, and so does every column of a row under the
-    paper's rule (which reads its mask columns through the fill's own suppression)."""
-    mask = 5
-    rows = [DecodingRow(0, [1, 2], DecodingSettings(max_new_tokens=4))]
+    paper's rule (which reads its mask columns through the fill's own suppression). The decoder notes whether every
+    row is such a default row (the mask token then leaves every column at once) as rows join and leave."""
+    decoder = StreamingDecoder(model64, MASK_ID)
+    other = {
+        "lossless": dict(lossless=True),
+        "paper": dict(context_drafts=False),
+        "sampled": dict(sampler=FillSampler(True, generator=torch.Generator().manual_seed(0))),
+    }
+    rows = [decoder.add([1, 2], DecodingSettings(max_new_tokens=30))]
     if beside:
-        other = dict(lossless=True) if beside == "lossless" else dict(context_drafts=False)
-        rows.append(DecodingRow(1, [3], DecodingSettings(max_new_tokens=4, **other)))
-    logits = torch.zeros(len(rows), 3, 8)
-    logits[..., mask] = 100.0  # the mask token would win every argmax
-    _without_the_mask(rows, logits, {b: [0, 1] for b in range(len(rows))}, mask)
-    assert logits[0, :2].argmax(-1).tolist() == [0, 0] and (logits[0, :2, mask] == float("-inf")).all()
+        rows.append(decoder.add([3], DecodingSettings(max_new_tokens=30, **other[beside])))
+    decoder.step()  # they join
+    assert decoder._default_only == (beside in (None, "sampled")) and decoder._greedy_only == (beside != "sampled")
+    logits = torch.zeros(len(rows), 3, MASK_ID + 1)
+    logits[..., MASK_ID] = 100.0  # the mask token would win every argmax
+    _without_the_mask(rows, logits, {b: [0, 1] for b in range(len(rows))}, MASK_ID, decoder._default_only)
+    assert logits[0, :2].argmax(-1).tolist() == [0, 0] and (logits[0, :2, MASK_ID] == float("-inf")).all()
+    if beside in ("lossless", "paper"):
+        assert (logits[1, :, MASK_ID] == 100.0).all()
     if beside:
-        assert (logits[1, :, mask] == 100.0).all()
+        decoder.finish(rows[1])  # it leaves: every row left is a greedy default row
+        assert decoder._default_only and decoder._greedy_only

@@ -52,17 +52,17 @@ def read_step(
     `ar_rows`: each row's AR columns. With the feed's `runs` (each row's leading run), the lossless rows with
     their sampler's own choice are judged in the same read, and with its `masks` (each row's fed mask positions)
     the fills of rows with their own draw are drawn (`step_draws`); without, both come after the read.
-    `premasked`: every column already has the mask token at -inf (a batch of default rows that draft from the
-    context); where no row draws its own fills, one `max` over every column then gives the masks' maxima and greedy
-    tokens and the AR argmax, and the mask columns are read in place."""
+    `premasked`: every column already has the mask token at -inf and no row draws its own fills (greedy default
+    rows that draft from the context): one `max` over every column then gives the masks' maxima and greedy tokens
+    and the AR argmax, and the mask columns are read in place."""
     out, parts = StepReadout(), []
-    drawing = [own_draw(row) for row in rows if not row.done]
-    greedy_fills = False in drawing
+    filling = [row for row in rows if not row.done]
+    greedy_fills = any(not own_draw(row) for row in filling)
     verifying = any(greedy_verifier(rows[b]) for b in ar_rows)
     ar_top = None
-    if n_masks and drawing:
+    if n_masks and filling:
         mask_columns = logits[:, logits.shape[1] - n_masks :]
-        if premasked and verifying and True not in drawing:
+        if premasked and verifying:
             column_maxima, ar_top = logits.max(dim=-1)
             out.scores, maxima, top = mask_columns, column_maxima[:, -n_masks:], ar_top[:, -n_masks:]
             if mask_columns.dtype in (torch.float16, torch.bfloat16):  # as `suppress_token` reads them

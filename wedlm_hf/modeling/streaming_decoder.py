@@ -33,7 +33,7 @@ from .draft_verification import device_index, greedy_predictions, host_predictio
 from .grammar_hook import MAX_FORCED, constrain_window, restrict_to_grammar
 from .ragged_cache import RaggedCache
 from .step_cost import keys_per_row, prompt_cap
-from .step_draws import draws_before_read
+from .step_draws import draws_before_read, own_draw
 from .step_feed import StepFeed, build_feed, logit_columns, open_masks
 from .step_readout import StepReadout, read_step
 from .window_refill import refill
@@ -73,6 +73,7 @@ class StreamingDecoder:
         self.draws_before_read = draws_before_read(self.kv.device)  # sampled rows' draws (`step_draws`)
         self.active: list[DecodingRow] = []
         self._joining: list[DecodingRow] = []
+        self._default_only = self._greedy_only = False  # what holds for every active row (`_note_rows`)
         self._count = 0
 
     def add(
@@ -154,8 +155,9 @@ class StreamingDecoder:
             row = rows[b]
             if row.tracks_logits or (row.grammar is not None and row.settings.lossless):
                 _follow_ar_logits(row, logits[b], cs, feed.starts[b], feed.runs[b], sparse.get(b))
-        premasked = _without_the_mask(rows, logits, ar_rows, self.mask_token_id)
+        _without_the_mask(rows, logits, ar_rows, self.mask_token_id, self._default_only)
         early = (feed.runs, feed.masks) if self.draws_before_read else (None, None)
+        premasked = self._default_only and self._greedy_only
         readout = read_step(rows, logits, feed.n_masks, self.mask_token_id, ar_rows, *early, premasked)
         kept, stale = self._commit(rows, feed, logits, ar_rows, readout)
         self._fill(rows, feed, logits[:, len(columns) - feed.n_masks :], readout, stale)
@@ -179,7 +181,18 @@ class StreamingDecoder:
                     self.active[b].prefix = None
         if self.active:
             self.kv.max_dead = max([16] + [row.settings.window_size for row in self.active])
+        if joining:
+            self._note_rows()
         return self.active
+
+    def _note_rows(self) -> None:
+        """What holds for every active row, noted as rows join and leave rather than asked of each row every step:
+        whether all draft from the context in the default mode (their AR choices skip the mask token, taken out of
+        every logits column at once: `_without_the_mask`) and whether none draws its own fills (the readout then
+        reads every column with one max: `read_step`)."""
+        rows = self.active
+        self._default_only = all([row.verifies and not row.settings.lossless for row in rows])
+        self._greedy_only = not any([own_draw(row) for row in rows])
 
     def _prompt_cap(self, rows: list[DecodingRow]) -> int | None:
         """The prompt tokens a joining row may feed this step under the token budget (None: no budget). Beside
@@ -249,6 +262,7 @@ class StreamingDecoder:
             row.context = None
         survivors = [i for i, row in enumerate(self.active) if id(row) not in leaving]
         self.active = [self.active[i] for i in survivors]
+        self._note_rows()
         self.kv.select_rows(survivors)
 
 
@@ -269,20 +283,20 @@ def _follow_ar_logits(row: DecodingRow, logits: torch.Tensor, columns: list[int]
         restrict_to_grammar(row, logits, columns, run, bool(start))
 
 
-def _without_the_mask(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, mask_token_id: int) -> bool:
+def _without_the_mask(
+    rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, mask_token_id: int, every_row: bool
+) -> None:
     """A verifying default-mode row chooses its AR tokens without the mask token, which the default mode never
     emits (its fills never do); lossless rows keep it, as plain `generate` does. In place, after the rows that
-    keep their AR logits took theirs, in one write. Where every row is such a row, the write takes every column
-    (their mask columns are read without the mask token too) and no index is built: returns whether it did."""
-    default = [row.verifies and not row.settings.lossless for row in rows]
-    if False not in default:
+    keep their AR logits took theirs, in one write. Where `every_row` is such a row, the write takes every column
+    (their mask columns are read without the mask token too) and no index is built."""
+    if every_row:
         logits.select(-1, mask_token_id).fill_(float("-inf"))
-        return True
-    pairs = [(b, c) for b, cs in ar_rows.items() if default[b] for c in cs]
+        return
+    pairs = [(b, c) for b, cs in ar_rows.items() if rows[b].verifies and not rows[b].settings.lossless for c in cs]
     if pairs:
         at = device_index([b for b, _ in pairs], logits), device_index([c for _, c in pairs], logits)
         logits[at[0], at[1], mask_token_id] = float("-inf")
-    return False
 
 
 def _truncated(kv: list, length: int) -> list:
