@@ -103,8 +103,8 @@ def test_the_index_grows_with_prompt_and_generated_text():
 def test_the_index_finds_what_a_scan_of_the_text_finds():
     """The index grows as tokens commit and looks up only what it indexed and the suffix's neighbourhood; the reference
     decoder's look-up scans the whole text each time. On random text over a few tokens (every suffix occurs often,
-    many overlap the drafts), grown in random steps, at times indexed ahead at some sizes, with random drafts, n-gram sizes
-    and limits, both agree."""
+    many overlap the drafts), grown in random steps, at times indexed ahead at some sizes, with random drafts, n-gram
+    sizes and limits, both agree."""
     rng = random.Random(0)
     for _ in range(300):
         vocabulary, index, text = rng.randint(1, 5), ContextIndex(), []

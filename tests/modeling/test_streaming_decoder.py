@@ -11,7 +11,7 @@ from transformers import LogitsProcessorList
 from transformers.generation import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper
 
 from wedlm_hf.evaluation.step_benchmark import HostReads
-from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings
+from wedlm_hf.modeling.decoding_state import DecodingSettings
 from wedlm_hf.modeling.slot_cache import SlotCache
 from wedlm_hf.modeling.streaming_decoder import StreamingDecoder, _without_the_mask
 from wedlm_hf.modeling.window_filling import FillSampler
@@ -131,3 +131,9 @@ def test_a_default_row_chooses_its_ar_tokens_without_the_mask_token(model64, bes
     if beside:
         decoder.finish(rows[1])  # it leaves: every row left is a greedy default row
         assert decoder._default_only and decoder._greedy_only
+    decoder.add([4, 5], DecodingSettings(max_new_tokens=2, lossless=True))  # joins later, finishes in a step or two
+    decoder.step()
+    assert not decoder._default_only
+    while len(decoder.active) > 1:
+        decoder.step()
+    assert decoder.active == rows[:1] and decoder._default_only and decoder._greedy_only

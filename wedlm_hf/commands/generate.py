@@ -33,4 +33,3 @@ def add_arguments(parser) -> None:
         help="longest suffix matched for context drafts, tried down to 1 (default: 3, or the model's generation "
         "config)",
     )
-

@@ -7,7 +7,8 @@ index keeps, for each n-gram size looked up, where each n-gram of the committed 
 date when a look-up needs it (in C: a dictionary updated from zipped slices): a look-up is a few dictionary reads,
 whatever the text's length, where a scan of the text grows with it (on a long context, more than the rest of a
 row's step). A joining row indexes its prompt as it is fed, a chunk a step (`index_fed_prompt`), so no step builds
-a long prompt's index whole. It costs host memory (`wedlm-hf bench-step` prints how much per token of context; an
+the index of a long prompt prefilled in chunks whole (one fed whole, or served from a prefix cache, is indexed at
+once). It costs host memory (`wedlm-hf bench-step` prints how much per token of context; an
 8B model's K/V take about 150 KB per token), dropped when the row finishes. A resting source makes no look-up.
 
 On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
@@ -133,9 +134,9 @@ def _copy(text: list[int], pending: list[int], source: int, count: int) -> list[
 
 
 def index_fed_prompt(row) -> None:
-    """Indexes the prompt tokens a joining row has fed so far, at every n-gram size its look-ups take: a long prompt
-    fed in chunks over several steps is indexed with them, a chunk a step, so that no step indexes it whole (the
-    step after its prefill would, at its first look-up: 22 ms at 32k tokens, beside every row of the batch)."""
+    """Indexes the prompt tokens a joining row has fed so far (or has from a prefix cache), at every n-gram size its
+    look-ups take: a long prompt fed in chunks over several steps is indexed with them, a chunk a step, so that no
+    step indexes it whole (the step after its prefill would, at its first look-up, beside every row of the batch)."""
     if row.context is None:
         row.context = ContextIndex()
     index = row.context

@@ -113,7 +113,8 @@ class ContextDrafts(DraftSource):
         have already left the text it would copy. Once they failed (code), a copy continues the final token in
         place of their unverified drafts, which would stand before it and could take it down with them."""
         if not row.prefilled:
-            index_fed_prompt(row)
+            if row.settings.max_new_tokens > 1:  # a row of one token never looks up
+                index_fed_prompt(row)
             return masks
         if not row.settings.lossless:
             # Default mode: where the rule's fills pass its threshold the model is sure and copies cost its masks:

@@ -19,7 +19,8 @@ from .window_filling import entropy, greedy, suppress_token
 
 @dataclass
 class StepReadout:
-    """`scores`: the mask logits with the mask token suppressed (device, for draws); `entropies` / `top`: per row,
+    """`scores`: the mask logits with the mask token suppressed (device, for draws; read only: with `premasked`, a view
+    of the step's logits); `entropies` / `top`: per row,
     per mask column, on the host (`top` None where no greedy row fills); `ar_top`: per row, per logits column, the
     argmax (None where no lossless row verifies greedily); `predictions`: the `ArPredictions` of the lossless rows
     with their own AR choice, by row; `drawn`: (row, mask column) -> (token, q) of the fills drawn early."""
@@ -54,7 +55,8 @@ def read_step(
     the fills of rows with their own draw are drawn (`step_draws`); without, both come after the read.
     `premasked`: every column already has the mask token at -inf and no row draws its own fills (greedy default
     rows that draft from the context): one `max` over every column then gives the masks' maxima and greedy tokens
-    and the AR argmax, and the mask columns are read in place."""
+    and the AR argmax, and float32 mask columns are read in place (half ones in float32, as `suppress_token` reads
+    them)."""
     out, parts = StepReadout(), []
     filling = [row for row in rows if not row.done]
     greedy_fills = any(not own_draw(row) for row in filling)

@@ -284,13 +284,13 @@ def _follow_ar_logits(row: DecodingRow, logits: torch.Tensor, columns: list[int]
 
 
 def _without_the_mask(
-    rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, mask_token_id: int, every_row: bool
+    rows: list[DecodingRow], logits: torch.Tensor, ar_rows: dict, mask_token_id: int, all_default: bool
 ) -> None:
     """A verifying default-mode row chooses its AR tokens without the mask token, which the default mode never
     emits (its fills never do); lossless rows keep it, as plain `generate` does. In place, after the rows that
-    keep their AR logits took theirs, in one write. Where `every_row` is such a row, the write takes every column
-    (their mask columns are read without the mask token too) and no index is built."""
-    if every_row:
+    keep their AR logits took theirs, in one write. Where every row is such a row (`all_default`), the write takes
+    every column (their mask columns are read without the mask token too), with no index tensors to build."""
+    if all_default:
         logits.select(-1, mask_token_id).fill_(float("-inf"))
         return
     pairs = [(b, c) for b, cs in ar_rows.items() if rows[b].verifies and not rows[b].settings.lossless for c in cs]
