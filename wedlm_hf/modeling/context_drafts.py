@@ -8,8 +8,8 @@ date when a look-up needs it (in C: a dictionary updated from zipped slices): a 
 whatever the text's length, where a scan of the text grows with it (on a long context, more than the rest of a
 row's step). A joining row indexes its prompt as it is fed, a chunk a step (`index_fed_prompt`), so no step builds
 the index of a long prompt prefilled in chunks whole (one fed whole, or served from a prefix cache, is indexed at
-once). It costs host memory (`wedlm-hf bench-step` prints how much per token of context; an
-8B model's K/V take about 150 KB per token), dropped when the row finishes. A resting source makes no look-up.
+once). It costs host memory (`wedlm-hf bench-step` prints how much per token of context; an 8B model's K/V take
+about 150 KB per token), dropped when the row finishes. A resting source makes no look-up.
 
 On periodic text (a line repeated, a loop's output) the latest match is one period back, so its continuation ends
 after one period. There, and only where the text's last d tokens already repeat the d before them (d: how far back

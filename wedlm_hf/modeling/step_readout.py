@@ -20,10 +20,10 @@ from .window_filling import entropy, greedy, suppress_token
 @dataclass
 class StepReadout:
     """`scores`: the mask logits with the mask token suppressed (device, for draws; read only: with `premasked`, a view
-    of the step's logits); `entropies` / `top`: per row,
-    per mask column, on the host (`top` None where no greedy row fills); `ar_top`: per row, per logits column, the
-    argmax (None where no lossless row verifies greedily); `predictions`: the `ArPredictions` of the lossless rows
-    with their own AR choice, by row; `drawn`: (row, mask column) -> (token, q) of the fills drawn early."""
+    of the step's logits); `entropies` / `top`: per row, per mask column, on the host (`top` None where no greedy row
+    fills); `ar_top`: per row, per logits column, the argmax (None where no lossless row verifies greedily);
+    `predictions`: the `ArPredictions` of the lossless rows with their own AR choice, by row; `drawn`: (row, mask
+    column) -> (token, q) of the fills drawn early."""
 
     scores: torch.Tensor | None = None
     entropies: list | None = None
