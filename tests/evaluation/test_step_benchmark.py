@@ -72,7 +72,14 @@ def test_every_cell_is_measured_and_reported():
     assert build_parser().parse_args(["bench-step"]).batches == [1, 16, 64]
     # Host work counted per step: AR's does not grow with the batch, WeDLM's does (issue 57's measure)
     counts = {batch: report[batch]["calls_and_ops_per_step"] for batch in (1, 2)}
-    assert set(counts[1]) == {"AR generate", "WeDLM default", "WeDLM lossless", "WeDLM sampled"}
+    assert set(counts[1]) == {
+        "AR generate",
+        "WeDLM default",
+        "WeDLM lossless",
+        "WeDLM sampled",
+        "WeDLM sampled, a sampler a row",  # as a server samples: each row its own sampler, so its own draws
+    }
+    assert counts[2]["WeDLM sampled, a sampler a row"][1] > counts[2]["WeDLM sampled"][1]
     assert counts[2]["AR generate"] == counts[1]["AR generate"]
     assert all(counts[2][mode][0] > counts[1][mode][0] for mode in counts[1] if mode != "AR generate")
     added = report["per_added_row"]

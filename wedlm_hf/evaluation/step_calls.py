@@ -6,7 +6,8 @@ added row costs. Counting, not timing: any machine gives the same numbers. Each 
 forced acceptance (every mask filled each step, no eos) under `cProfile` (Python calls) and a `TorchFunctionMode`
 (torch operators); the difference divided by the difference in forwards is one step's, without the prefill and the
 set-up. AR is transformers' `generate`; WeDLM runs each mode bench-step reads host reads for (default, lossless,
-seeded sampling), with the draws made after the read, as on a CPU.
+seeded sampling), with the draws made after the read, as on a CPU, and sampling as `wedlm-hf serve` samples: each
+row (request) with a sampler and generator of its own, through the decoder (`generate` shares one sampler).
 """
 
 import cProfile
@@ -14,6 +15,11 @@ import pstats
 
 import torch
 from torch.overrides import TorchFunctionMode
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+from ..modeling.decoding_state import DecodingSettings
+from ..modeling.streaming_decoder import StreamingDecoder
+from ..modeling.window_filling import FillSampler
 
 TARGET_CALLS, TARGET_OPS = 10, 1  # per added row per step, in every mode (issue 57)
 MODES = {
@@ -21,6 +27,7 @@ MODES = {
     "WeDLM default": dict(strategy="wedlm"),
     "WeDLM lossless": dict(strategy="wedlm", wedlm_lossless=True),
     "WeDLM sampled": dict(strategy="wedlm", do_sample=True, temperature=0.9, top_k=50),
+    "WeDLM sampled, a sampler a row": None,  # as a server samples its requests (`_row_samplers`)
 }
 
 
@@ -53,10 +60,13 @@ def per_step_counts(model, prompts: torch.Tensor, window: int, lengths: dict[str
     common = dict(eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts))
     wedlm = dict(wedlm_window_size=window, wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
     out = {}
-    for mode, settings in MODES.items():
+    for mode in lengths:
+        settings = MODES[mode]
 
         def run(tokens: int, mode=mode, settings=settings) -> int:
             torch.manual_seed(0)
+            if settings is None:
+                return _row_samplers(model, prompts, window, tokens)
             if mode.startswith("AR"):
                 model.generate(prompts, max_new_tokens=tokens, min_new_tokens=tokens, **common, **settings)
                 return tokens
@@ -69,6 +79,21 @@ def per_step_counts(model, prompts: torch.Tensor, window: int, lengths: dict[str
     return out
 
 
+def _row_samplers(model, prompts: torch.Tensor, window: int, tokens: int) -> int:
+    """`tokens` new tokens for each prompt at forced acceptance, sampled (temperature 0.9, top-k 50) with a sampler
+    and a seeded generator of each row's own, as `wedlm-hf serve` samples each request; returns the forwards."""
+    decoder = StreamingDecoder(model, model.config.mask_token_id)
+    rows = []
+    for b, prompt in enumerate(prompts.tolist()):
+        warpers = LogitsProcessorList([TemperatureLogitsWarper(0.9), TopKLogitsWarper(50)])
+        sampler = FillSampler(True, warpers, generator=torch.Generator(prompts.device).manual_seed(b))
+        settings = DecodingSettings(tokens, window_size=window, entropy_threshold=1e9, sampler=sampler)
+        rows.append(decoder.add(prompt, settings))
+    while decoder.busy:
+        decoder.step()
+    return max(row.stats.forwards for row in rows)
+
+
 def log_counts(log, counts: dict[int, dict]) -> dict:
     """Prints calls and operators per step at each batch and per added row (smallest to largest batch), against
     the targets; returns mode -> (calls, ops) per added row."""
@@ -78,7 +103,8 @@ def log_counts(log, counts: dict[int, dict]) -> dict:
         "host work per decoding step (counted: Python calls / torch operators), forced acceptance; per added row from "
         f"batch {first} to {last} (target: at most {TARGET_CALLS} calls and {TARGET_OPS} operator for WeDLM)"
     )
-    log(f"{'mode':<16}" + "".join(f"{'batch ' + str(b):>18}" for b in batches) + f"{'per added row':>24}")
+    width = max(map(len, MODES)) + 2
+    log(f"{'mode':<{width}}" + "".join(f"{'batch ' + str(b):>18}" for b in batches) + f"{'per added row':>24}")
     added = {}
     for mode in MODES:
         cells = "".join(f"{counts[b][mode][0]:>10.0f} / {counts[b][mode][1]:<5.0f}" for b in batches)
@@ -88,5 +114,5 @@ def log_counts(log, counts: dict[int, dict]) -> dict:
         verdict = ""
         if not mode.startswith("AR"):
             verdict = " PASS" if calls <= TARGET_CALLS and ops <= TARGET_OPS else " FAIL"
-        log(f"{mode:<16}{cells}{calls:>12.1f} / {ops:<5.1f}{verdict}")
+        log(f"{mode:<{width}}{cells}{calls:>12.1f} / {ops:<5.1f}{verdict}")
     return added

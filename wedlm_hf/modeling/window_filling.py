@@ -5,6 +5,8 @@ leftmost remaining mask; every mask under the threshold is filled, or else the s
 tokens come from the sampler, which applies the sampling warpers to the same suppressed logits.
 """
 
+import inspect
+
 import torch
 from transformers import LogitsProcessorList
 from transformers.generation import (
@@ -113,6 +115,14 @@ class FillSampler:
     ):
         self.do_sample = do_sample
         self.warpers = warpers or LogitsProcessorList()
+        for processor in self.warpers:  # what `LogitsProcessorList` checks at every call, checked once
+            parameters = list(inspect.signature(processor.__call__).parameters)
+            if len(parameters) > 2:
+                raise ValueError(
+                    f"The logits processor {type(processor).__name__} takes more than (input_ids, scores) "
+                    f"({', '.join(parameters)}): WeDLM decoding calls processors with those two only, as `generate` "
+                    "does without extra keyword arguments. Pass processors whose __call__ takes (input_ids, scores)."
+                )
         self.generator = generator
         self.reads_context = any(reads_context(p) for p in self.warpers)
         self.row_state = row_state
@@ -127,19 +137,27 @@ class FillSampler:
         logits = logits.float()
         if not self.reads_context:
             no_context = torch.empty((logits.shape[0], 0), dtype=torch.long, device=logits.device)
-            return self.warpers(no_context, logits)
+            return self._process(no_context, logits)
         if contexts is None or len(contexts) != logits.shape[0]:
             raise RuntimeError("A context-reading logits processor got no context: this is a bug in wedlm_hf.")
         if self.row_state:
-            return torch.cat([self.warpers(c[None], logits[n : n + 1].clone()) for n, c in enumerate(contexts)])
+            return torch.cat([self._process(c[None], logits[n : n + 1].clone()) for n, c in enumerate(contexts)])
         by_length: dict[int, list[int]] = {}
         for n, context in enumerate(contexts):
             by_length.setdefault(len(context), []).append(n)
         out = torch.empty_like(logits)
         for members in by_length.values():
             ids = torch.stack([contexts[n] for n in members])
-            out[members] = self.warpers(ids, logits[members])  # indexing copies: the processors may write in place
+            out[members] = self._process(ids, logits[members])  # indexing copies: the processors may write in place
         return out
+
+    def _process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The processors in turn, as `LogitsProcessorList.__call__` applies them, without the `inspect.signature`
+        of every processor it takes at every call (about 20 us each; a server samples each request with its own
+        sampler, so that was per row, per processor, several times a step): checked once, when the sampler is made."""
+        for processor in self.warpers:
+            scores = processor(input_ids, scores)
+        return scores
 
     def probabilities(self, logits: torch.Tensor, contexts: list[torch.Tensor] | None = None) -> torch.Tensor:
         """The distribution (N, vocab) a sample is drawn from: softmax of the processed float logits."""
