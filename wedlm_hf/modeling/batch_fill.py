@@ -11,6 +11,7 @@ mask, and only a grammar row, and a lossless row under a context-reading process
 import torch
 
 from .decoding_state import DecodingRow, Fill
+from .sampler_batch import merged
 from .step_draws import chosen_distributions
 from .step_feed import open_masks
 from .step_readout import StepReadout
@@ -83,12 +84,12 @@ def _confident(picks: list[int], entropies: list[float], offsets: list[int], set
 def _draw(rows: list[DecodingRow], scores: torch.Tensor, groups: list[list[tuple]], slots: dict, keeps: dict) -> dict:
     """(row, column) -> (token, the distribution it was drawn from where a verifying row or keep_logits needs it:
     (the block, its row)) for the chosen (row, column) masks (at window slots `slots[row, column]`) of rows with
-    their own draw, in `groups` of rows that share one sampler, each in row and slot order. A context-reading
+    their own draw, in `groups` of rows that share one sampler, each in row and slot order (samplers with the same
+    warpers and generators of their own drawing as one: `sampler_batch`). A context-reading
     processor sees, at each mask, the committed text and the window's filled slots before it, up to the first mask
     (exact for the leftmost mask; docs/usage.md)."""
     out = {}
-    for keys in groups:
-        sampler = rows[keys[0][0]].settings.sampler
+    for sampler, keys in merged([(rows[keys[0][0]].settings.sampler, keys) for keys in groups]):
         block = scores[[b for b, _ in keys], [c for _, c in keys]]
         contexts = None
         if sampler.reads_context:  # each row's contexts from one tensor (keys are in row order)

@@ -9,6 +9,7 @@ output is distributed exactly as plain AR decoding with the same logits processo
 
 import torch
 
+from .sampler_batch import merged
 from .window_filling import FillSampler
 
 
@@ -84,15 +85,16 @@ def greedy_predictions(rows: list, ar_rows: dict[int, list[int]], top: list | No
 
 def sampler_blocks(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int]]):
     """For the lossless rows whose AR choice is their sampler's own (a draw, or processors): per sampler, its rows,
-    their AR position counts, and their AR logits processed as one block. A context-reading processor sees, at each
+    their AR position counts, and their AR logits processed as one block (samplers that process as one, one block
+    for them all: `sampler_batch`). A context-reading processor sees, at each
     position, the committed text and the window's drafts before it: the real prefix AR `generate` would have there,
     so verification stays exact."""
     groups: dict[int, list[int]] = {}
     for b in ar_rows:
         if rows[b].verifies and rows[b].settings.sampler.own_choice:
             groups.setdefault(id(rows[b].settings.sampler), []).append(b)
-    for members in groups.values():
-        sampler = rows[members[0]].settings.sampler
+    blocks = [(rows[members[0]].settings.sampler, members) for members in groups.values()]
+    for sampler, members in merged(blocks, lambda members: sum([len(ar_rows[b]) for b in members])):
         index = [(b, c) for b in members for c in ar_rows[b]]
         block = logits[device_index([b for b, _ in index], logits), device_index([c for _, c in index], logits)]
         contexts = None
@@ -113,13 +115,13 @@ def host_predictions(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[i
     for members, sizes, sampler, scores in sampler_blocks(rows, logits, ar_rows):
         if not sampler.do_sample:
             for b, tokens in zip(members, split_sizes(scores.tolist(), sizes)):
-                predictions[b] = ArPredictions(sampler, tokens)
+                predictions[b] = ArPredictions(rows[b].settings.sampler, tokens)
             continue
         fresh = sampler.draw(scores).tolist()
-        uniforms = torch.rand(len(fresh), generator=sampler.generator, device=scores.device).tolist()
+        uniforms = sampler.uniforms(len(fresh), scores.device).tolist()
         parts = zip(scores.split(sizes), split_sizes(fresh, sizes), split_sizes(uniforms, sizes))
         for b, (p, f, u) in zip(members, parts):
-            predictions[b] = ArPredictions(sampler, f, p, u)
+            predictions[b] = ArPredictions(rows[b].settings.sampler, f, p, u)
     return predictions
 
 

@@ -22,6 +22,7 @@ import torch
 
 from .decoding_state import DecodingRow
 from .draft_verification import ArPredictions, device_index, sampler_blocks, split_sizes
+from .sampler_batch import merged
 
 Pending = tuple[list[torch.Tensor], Callable[[list[list[float]]], dict]]  # tensors to read; what their values give
 
@@ -76,16 +77,15 @@ def verification_draws(rows: list[DecodingRow], logits: torch.Tensor, ar_rows: d
     def finish(values: list[list[float]]) -> dict:
         predictions = {}
         for members, sizes, drafts in plans:
-            sampler = rows[members[0]].settings.sampler
             if drafts is None:
                 chosen = [int(v) for v in values.pop(0)]
                 for b, tokens in zip(members, split_sizes(chosen, sizes)):
-                    predictions[b] = ArPredictions(sampler, tokens)
+                    predictions[b] = ArPredictions(rows[b].settings.sampler, tokens)
                 continue
             fresh, kept, residual = ([int(v) for v in values.pop(0)] for _ in range(3))
             verdicts = [None if d is None else (d.token, bool(k), r) for d, k, r in zip(drafts, kept, residual)]
             for b, f, v in zip(members, split_sizes(fresh, sizes), split_sizes(verdicts, sizes)):
-                predictions[b] = ArPredictions(sampler, f, verdicts=v)
+                predictions[b] = ArPredictions(rows[b].settings.sampler, f, verdicts=v)
         return predictions
 
     return tensors, finish
@@ -109,7 +109,8 @@ def _judged(row: DecodingRow, j: int, run: int):
 def draft_verdicts(sampler, probs: torch.Tensor, drafts: list) -> list[torch.Tensor]:
     """Per position, whether its draft is kept and the residual draw in its place (both 0 where `drafts` has
     None). A draft x drawn from q is kept when u * q(x) < p(x), a point-mass draft (q(x) = 1) when u < p(x); the
-    replacement is drawn from max(0, p - q) normalised (p where that vanishes, p == q up to rounding)."""
+    replacement is drawn from max(0, p - q) normalised (p where that vanishes, p == q up to rounding). `sampler`:
+    the positions' sampler, or their `SamplerBatch`, whose judged positions' samplers draw for them."""
     count = len(drafts)
     kept = torch.zeros(count, device=probs.device)
     residual = torch.zeros(count, dtype=torch.long, device=probs.device)
@@ -126,7 +127,8 @@ def draft_verdicts(sampler, probs: torch.Tensor, drafts: list) -> list[torch.Ten
         if point:
             at = device_index(point, p)
             q[at, tokens[at]] = 1.0
-        uniforms = torch.rand(len(judged), generator=sampler.generator, device=probs.device)
+        sampler = sampler.rows(judged)
+        uniforms = sampler.uniforms(len(judged), probs.device)
         at = tokens[:, None]
         kept[index] = (uniforms * q.gather(1, at)[:, 0] < p.gather(1, at)[:, 0]).float()
         rest = (p - q).clamp_min(0)
@@ -144,8 +146,8 @@ def fill_draws(rows: list[DecodingRow], scores: torch.Tensor, masks: list[list[i
     n_masks = scores.shape[1]
     early = [b for b, row in enumerate(rows) if masks[b] and draws_early(row)]
     tensors, plans = [], []
-    for members in _groups(rows, early):
-        sampler = rows[members[0]].settings.sampler
+    groups = [(rows[members[0]].settings.sampler, members) for members in _groups(rows, early)]
+    for sampler, members in merged(groups, lambda members: sum([len(masks[b]) for b in members])):
         columns = [(b, c) for b in members for c in range(n_masks - len(masks[b]), n_masks)]
         block = scores[device_index([b for b, _ in columns], scores), device_index([c for _, c in columns], scores)]
         contexts = None

@@ -19,6 +19,8 @@ from transformers.generation import (
     TypicalLogitsWarper,
 )
 
+from .sampler_batch import batch_form, process
+
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """The index of the largest value over the last dimension: `argmax`'s (the first of equal maxima, as documented
@@ -103,7 +105,9 @@ class FillSampler:
     processor reads the context (`reads_context`), each logits row is processed with its own token ids before it,
     as AR `generate` would process that position (`contexts`: one 1-D LongTensor per row), rows of one length
     together unless the processors hold per-row state (`row_state`: built for a batch of one, as transformers builds
-    a repetition penalty for a padded row); score-only processors take the whole block at once.
+    a repetition penalty for a padded row); score-only processors take the whole block at once. A sampler with a
+    generator of its own and only the common warpers processes as a batch of rows does (`sampler_batch`), alone or
+    with others.
     """
 
     def __init__(
@@ -126,6 +130,7 @@ class FillSampler:
         self.generator = generator
         self.reads_context = any(reads_context(p) for p in self.warpers)
         self.row_state = row_state
+        self.batch_form = batch_form(self)  # (what samplers it processes with, its settings): `sampler_batch`
 
     @property
     def own_choice(self) -> bool:
@@ -154,7 +159,10 @@ class FillSampler:
     def _process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """The processors in turn, as `LogitsProcessorList.__call__` applies them, without the `inspect.signature`
         of every processor it takes at every call (about 20 us each; a server samples each request with its own
-        sampler, so that was per row, per processor, several times a step): checked once, when the sampler is made."""
+        sampler, so that was per row, per processor, several times a step): checked once, when the sampler is made.
+        A sampler that processes with others (`batch_form`) processes alone the same way."""
+        if self.batch_form is not None:
+            return process(scores, [self], [scores.shape[0]])
         for processor in self.warpers:
             scores = processor(input_ids, scores)
         return scores
@@ -169,6 +177,14 @@ class FillSampler:
         the values, each a read of the device."""
         noise = torch.empty_like(probabilities).exponential_(1, generator=self.generator)
         return (probabilities / noise).argmax(dim=-1)
+
+    def uniforms(self, count: int, device) -> torch.Tensor:
+        """`count` U(0, 1) draws from the same stream (as `SamplerBatch.uniforms` draws them for its samplers)."""
+        return torch.rand(count, generator=self.generator, device=device)
+
+    def rows(self, indices: list[int]) -> "FillSampler":
+        """The sampler of some of the rows it samples (`SamplerBatch.rows`): itself."""
+        return self
 
     def uniform(self, device) -> float:
         """A U(0, 1) draw from the same stream, for accepting or rejecting a draft."""

@@ -1,0 +1,144 @@
+"""`sampler_batch`: samplers of their own (a server's, a generator each) processed and drawn as one batch give each
+row what its own sampler gives it alone: transformers' warpers' values, and its own generator's draws."""
+
+import pytest
+import torch
+from conftest import EOS_ID, MASK_ID, build_model
+from transformers import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+import wedlm_hf.modeling.sampler_batch as sampler_batch
+from wedlm_hf.modeling.decoding_state import DecodingSettings
+from wedlm_hf.modeling.sampler_batch import SamplerBatch, batch_form, merged, process
+from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
+from wedlm_hf.modeling.window_filling import FillSampler
+
+
+def own(warpers: list, seed: int = 0) -> FillSampler:
+    return FillSampler(True, LogitsProcessorList(warpers), generator=torch.Generator().manual_seed(seed))
+
+
+def warpers_of(kinds: str, g: torch.Generator, vocab: int) -> list:
+    """Warpers in transformers' order, with settings drawn from `g` (top-k up to past the vocabulary)."""
+    u = lambda low, high: low + (high - low) * float(torch.rand((), generator=g))  # noqa: E731
+    keep = int(torch.randint(1, 4, (), generator=g))
+    made = {
+        "t": lambda: TemperatureLogitsWarper(u(0.05, 2.0)),
+        "k": lambda: TopKLogitsWarper(int(torch.randint(1, vocab + 5, (), generator=g)), min_tokens_to_keep=keep),
+        "p": lambda: TopPLogitsWarper(u(0.01, 0.99), min_tokens_to_keep=keep),
+        "m": lambda: MinPLogitsWarper(u(0.0, 0.6), min_tokens_to_keep=keep),
+    }
+    return [made[kind]() for kind in kinds]
+
+
+@pytest.mark.parametrize("kinds", ["t", "k", "p", "m", "tk", "tp", "km", "tkpm"])
+@pytest.mark.parametrize("vocab", [7, 600])
+def test_a_batch_of_samplers_gives_each_row_its_own_warpers_values(kinds, vocab):
+    """Rows of several samplers (their own settings; ties and -inf in the logits) processed as one batch: each
+    sampler's rows get exactly what transformers' warpers give them, and a sampler alone gets the same."""
+    g = torch.Generator().manual_seed(len(kinds) * vocab)
+    for trial in range(6):
+        samplers, blocks = [], []
+        for s in range(5):
+            warpers = warpers_of(kinds, g, vocab)
+            if s and trial % 2:  # min_tokens_to_keep is part of the key: samplers that batch share it
+                for mine, first in zip(warpers, samplers[0].warpers):
+                    if hasattr(first, "min_tokens_to_keep"):
+                        mine.min_tokens_to_keep = first.min_tokens_to_keep
+            samplers.append(own(warpers, seed=s))
+            block = torch.randn(int(torch.randint(1, 4, (), generator=g)), vocab, generator=g) * 4
+            if trial % 3 == 0:
+                block = block.round()  # ties
+            block[:, 0] = float("-inf")  # the mask token, suppressed
+            blocks.append(block)
+        for sampler, block in zip(samplers, blocks):
+            expected = block
+            for warper in sampler.warpers:
+                expected = warper(None, expected)
+            assert torch.equal(sampler.scores(block), expected)  # alone, through the batch form
+            assert torch.equal(process(block, [sampler], [len(block)]), expected)
+        same = [s for s in samplers if s.batch_form[0] == samplers[0].batch_form[0]]
+        rows = [blocks[samplers.index(s)] for s in same]
+        together = process(torch.cat(rows), same, [len(r) for r in rows])
+        assert torch.equal(together, torch.cat([s.scores(r) for s, r in zip(same, rows)]))
+
+
+def test_a_batch_draws_each_rows_tokens_from_its_own_generator():
+    """The draw, the uniforms and a subset's draw of a `SamplerBatch` are each sampler's own, in its own stream."""
+    vocab = 50
+    probabilities = torch.softmax(torch.randn(9, vocab, generator=torch.Generator().manual_seed(1)), dim=-1)
+    counts = [3, 2, 4]
+    batch = SamplerBatch([own([TemperatureLogitsWarper(0.7)], seed=s) for s in range(3)], counts)
+    alone = [own([TemperatureLogitsWarper(0.7)], seed=s) for s in range(3)]
+    parts = probabilities.split(counts)
+    assert torch.equal(batch.draw(probabilities), torch.cat([s.draw(p) for s, p in zip(alone, parts)]))
+    assert torch.equal(batch.uniforms(9, "cpu"), torch.cat([s.uniforms(n, "cpu") for s, n in zip(alone, counts)]))
+    some = [1, 3, 4, 8]  # the first sampler's second row, the second's two, the third's last
+    subset = batch.rows(some)
+    assert [id(s) for s in subset.samplers] == [id(s) for s in batch.samplers] and subset.counts == [1, 2, 1]
+    expected = [
+        alone[0].draw(probabilities[[1]]),
+        alone[1].draw(probabilities[[3, 4]]),
+        alone[2].draw(probabilities[[8]]),
+    ]
+    assert torch.equal(subset.draw(probabilities[some]), torch.cat(expected))
+
+
+def test_only_samplers_of_their_own_with_the_common_warpers_are_batched():
+    common = [TemperatureLogitsWarper(0.8), TopKLogitsWarper(5)]
+    assert batch_form(own(common)) is not None
+    assert batch_form(own(common))[0] == batch_form(own([TemperatureLogitsWarper(1.3), TopKLogitsWarper(9)]))[0]
+    assert batch_form(own(common))[0] != batch_form(own(common[::-1]))[0]  # another order, another batch
+    assert batch_form(FillSampler(True, LogitsProcessorList(common))) is None  # the global stream
+    assert batch_form(FillSampler(False, LogitsProcessorList(common), generator=torch.Generator())) is None  # greedy
+    assert batch_form(own([RepetitionPenaltyLogitsProcessor(1.2), *common])) is None  # reads the context
+    assert batch_form(own([TypicalLogitsWarper(0.9)])) is None  # no batch form here
+    assert batch_form(own([TopKLogitsWarper(5, filter_value=-1e4)])) is None
+    assert batch_form(own([])) is None
+
+
+def test_merged_groups_keep_each_samplers_rows_together_in_order():
+    a, b = own([TemperatureLogitsWarper(0.5)], 1), own([TemperatureLogitsWarper(0.9)], 2)
+    c, shared = own([TopPLogitsWarper(0.9)], 3), FillSampler(True)
+    groups = merged([(a, ["a1", "a2"]), (shared, ["s1"]), (c, ["c1"]), (b, ["b1", "b2", "b3"])])
+    assert [type(sampler) for sampler, _ in groups] == [SamplerBatch, FillSampler, SamplerBatch]
+    batch, keys = groups[0]
+    assert batch.samplers == [a, b] and batch.counts == [2, 3] and keys == ["a1", "a2", "b1", "b2", "b3"]
+    assert groups[1] == (shared, ["s1"]) and groups[2][0].samplers == [c] and groups[2][1] == ["c1"]
+    sized = merged([(a, [0, 1]), (b, [2])], size=lambda rows: 4 * len(rows))
+    assert sized[0][0].counts == [8, 4]
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
+def test_the_decoder_processes_rows_with_samplers_of_their_own_as_one_batch(monkeypatch, lossless):
+    """Beside rows that share one sampler, rows sampling with their own (as a server's requests do) are processed
+    together, and each draws what it draws alone."""
+    model = build_model(seed=3)
+    sizes = []
+    real = sampler_batch.process
+    monkeypatch.setattr(sampler_batch, "process", lambda s, ss, cs: sizes.append(len(ss)) or real(s, ss, cs))
+
+    def settings(sampler):
+        return DecodingSettings(24, window_size=6, lossless=lossless, sampler=sampler, stop_ids=frozenset({EOS_ID}))
+
+    def decode(seeds):
+        decoder = StreamingDecoder(model, MASK_ID)
+        rows = [
+            decoder.add([5 + s, 9, 3 + s], settings(own([TemperatureLogitsWarper(1.1), TopPLogitsWarper(0.9)], s)))
+            for s in seeds
+        ]
+        decoder.add([7, 7, 2], settings(FillSampler(True)))
+        while decoder.busy:
+            decoder.step()
+        return [row.generated for row in rows]
+
+    together = decode(range(4))
+    assert max(sizes) == 4
+    assert together == [decode([s])[0] for s in range(4)]

@@ -1,0 +1,1 @@
+../modeling/sampler_batch.py

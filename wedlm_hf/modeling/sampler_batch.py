@@ -1,0 +1,151 @@
+"""Rows that sample with samplers of their own, processed as one batch.
+
+A server samples each request with a sampler and a generator of its own (a seed per request), so a step that
+processed each sampler's logits apart would cost every row its own operators (about forty a row a step: the
+temperature, top-k's `topk`, top-p's sort, softmax and scatter, the draw). Where a sampler's processors are the
+common warpers (temperature, top-k, top-p, min-p), which read only the scores, their settings become per-row
+tensors and the rows of every such sampler with the same warpers in the same order are processed by one set of
+operators; each row then draws its noise from its own generator into its part of one tensor, an operator a
+sampler. The values are transformers' own (each warper's arithmetic, on each row, with its own settings), and a
+sampler that can be batched is always processed this way, alone too, so that its row draws the same tokens alone
+and in any batch.
+
+Samplers without a generator of their own draw from the global stream in the order they are met, so they are
+never merged; neither are samplers with a processor that reads the context or that this module has no batch
+form of (a penalty, a bias, typical-p): those process as before, each on its own.
+"""
+
+import torch
+from transformers.generation import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+# Each warper's per-row setting, read once when its sampler is made.
+SETTINGS = {
+    TemperatureLogitsWarper: "temperature",
+    TopKLogitsWarper: "top_k",
+    TopPLogitsWarper: "top_p",
+    MinPLogitsWarper: "min_p",
+}
+
+
+def batch_form(sampler) -> tuple[tuple, tuple] | None:
+    """(the key samplers share to be processed together, the sampler's own settings in its warpers' order), or None
+    where the sampler processes on its own: greedy, drawing from the global stream, or with a warper that has no
+    batch form here or that removes tokens to something other than -inf. The key holds each warper's kind and
+    `min_tokens_to_keep`; the settings, its temperature, top-k, top-p or min-p."""
+    if not sampler.do_sample or sampler.generator is None or not sampler.warpers:
+        return None
+    kinds, settings = [], []
+    for warper in sampler.warpers:
+        kind = type(warper)
+        if kind not in SETTINGS or getattr(warper, "filter_value", -float("inf")) != -float("inf"):
+            return None
+        kinds.append((kind, getattr(warper, "min_tokens_to_keep", 1)))
+        settings.append(getattr(warper, SETTINGS[kind]))
+    return (tuple(kinds), str(sampler.generator.device)), tuple(settings)
+
+
+def process(scores: torch.Tensor, samplers: list, counts: list[int]) -> torch.Tensor:
+    """The warpers of `samplers` (all of one `batch_form` key) applied to float `scores`, whose first `counts[0]`
+    rows are the first sampler's, the next `counts[1]` the second's, and so on: what each sampler's own warpers give
+    its rows (transformers' arithmetic, with each row's own setting as a tensor in place of a Python number)."""
+    kinds, vocab = samplers[0].batch_form[0][0], scores.shape[-1]
+    for j, (kind, keep) in enumerate(kinds):
+        settings = [sampler.batch_form[1][j] for sampler in samplers]
+        if kind is TopKLogitsWarper:
+            settings = [min(k, vocab) for k in settings]
+        values = [value for setting, n in zip(settings, counts) for value in [setting] * n]  # a row's its sampler's
+        if kind is TemperatureLogitsWarper:
+            scores = scores / torch.tensor(values, dtype=scores.dtype, device=scores.device)[:, None]
+        elif kind is TopKLogitsWarper:
+            scores = _top_k(scores, values, max(settings))
+        elif kind is TopPLogitsWarper:
+            scores = _top_p(scores, values, keep)
+        else:
+            scores = _min_p(scores, values, keep)
+    return scores
+
+
+def _top_k(scores: torch.Tensor, ks: list[int], largest_k: int) -> torch.Tensor:
+    """Each row keeps the scores at least its k-th largest (`ks`: each row's k, at most the vocabulary; the
+    `largest_k` largest scores taken once for every row)."""
+    largest = torch.topk(scores, largest_k).values
+    kth = largest.gather(-1, torch.tensor(ks, device=scores.device)[:, None] - 1)
+    return scores.masked_fill(scores < kth, -float("inf"))
+
+
+def _top_p(scores: torch.Tensor, top_p: list[float], keep: int) -> torch.Tensor:
+    """Each row removes the least likely tokens whose probabilities sum to at most 1 - its top-p."""
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    limits = torch.tensor([1 - p for p in top_p], dtype=cumulative.dtype, device=scores.device)
+    removed = cumulative <= limits[:, None]
+    removed[..., -keep:] = False
+    return scores.masked_fill(removed.scatter(1, order, removed), -float("inf"))
+
+
+def _min_p(scores: torch.Tensor, min_p: list[float], keep: int) -> torch.Tensor:
+    """Each row removes the tokens less likely than its min-p times its most likely token's probability."""
+    probabilities = torch.softmax(scores, dim=-1)
+    factors = torch.tensor(min_p, dtype=probabilities.dtype, device=scores.device)[:, None]
+    removed = probabilities < factors * probabilities.amax(dim=-1, keepdim=True)
+    removed.scatter_(-1, torch.topk(probabilities, min(keep, probabilities.shape[-1]), dim=-1).indices, False)
+    return scores.masked_fill(removed, -float("inf"))
+
+
+class SamplerBatch:
+    """The samplers of several rows, processed and drawn as one (see the module docstring): `samplers[i]` owns
+    `counts[i]` consecutive rows of the logits it is given. It draws as `FillSampler` draws, each sampler's rows
+    from its own generator, in the order and shapes that sampler alone would draw them."""
+
+    do_sample = own_choice = True
+    reads_context = False
+
+    def __init__(self, samplers: list, counts: list[int]):
+        self.samplers, self.counts = samplers, counts
+
+    def probabilities(self, logits: torch.Tensor, contexts=None) -> torch.Tensor:
+        return torch.softmax(process(logits.float(), self.samplers, self.counts), dim=-1)
+
+    def draw(self, probabilities: torch.Tensor) -> torch.Tensor:
+        noise = torch.empty_like(probabilities)
+        for part, sampler in zip(noise.split(self.counts), self.samplers):
+            part.exponential_(1, generator=sampler.generator)
+        return (probabilities / noise).argmax(dim=-1)
+
+    def uniforms(self, count: int, device) -> torch.Tensor:
+        return torch.cat(
+            [torch.rand(n, generator=s.generator, device=device) for s, n in zip(self.samplers, self.counts)]
+        )
+
+    def rows(self, indices: list[int]) -> "SamplerBatch":
+        """The batch of the rows at `indices` (ascending) alone, for draws at only some of them."""
+        owner = [i for i, n in enumerate(self.counts) for _ in range(n)]
+        samplers, counts = [], []
+        for i in indices:
+            if samplers and samplers[-1] is self.samplers[owner[i]]:
+                counts[-1] += 1
+            else:
+                samplers.append(self.samplers[owner[i]])
+                counts.append(1)
+        return SamplerBatch(samplers, counts)
+
+
+def merged(groups: list[tuple], size=len) -> list[tuple]:
+    """`groups`: (sampler, its keys) in the order the step draws them, `size(keys)` the logits rows they stand for.
+    Groups whose samplers share a batch form become one (a `SamplerBatch`, their keys one after the other, at the
+    first one's place); the others stay as they are. Each sampler's rows stay together and in order, so each
+    generator draws as it would alone."""
+    out, batches = [], {}
+    for sampler, keys in groups:
+        form = sampler.batch_form
+        if form is None:
+            out.append((sampler, keys))
+        elif form[0] in batches:
+            samplers, counts, merged_keys = batches[form[0]]
+            samplers.append(sampler)
+            counts.append(size(keys))
+            merged_keys += keys
+        else:
+            batches[form[0]] = entry = ([sampler], [size(keys)], list(keys))
+            out.append(entry)
+    return [(SamplerBatch(*group[:2]), group[2]) if len(group) == 3 else group for group in out]
