@@ -10,7 +10,8 @@ transformers loads them without wedlm-hf. Wings import the core; the core import
 - `generation_inputs`, `transformers_versions`: generate's inputs checked and prepared; the version shims.
 - `streaming_decoder`: the step in phases, over `decoding_state` (a row), `window_refill`, `step_feed`,
   `step_readout` (the step's one host read), `commit_rules`, `batch_fill`, `grammar_hook` and the cache interface
-  `decoding_cache` (`ragged_cache`, `slot_cache`); `window_filling`: the fill rule, the sampler and its processors.
+  `decoding_cache` (`ragged_cache`, `slot_cache`); `window_filling`: the fill rule, the sampler and its processors
+  (`sampler_batch`: samplers of their own processed and drawn as one).
 - `dual_stream_loss`: the training loss the model returns on a dual-stream batch.
 - `loading_checks`: what `from_pretrained` refuses beyond transformers, naming the file and the fix.
 """
