@@ -256,16 +256,10 @@ def run_step_benchmark(
         + (f"; compiled: torch.compile backend {compile_backend!r}, static cache" if compile else "")
     )
     g = torch.Generator().manual_seed(0)
-    report = {}
+    report, counts = {}, {}
     wedlm_lengths = tuple(k * window for k in wedlm_windows)
-    prompts_of = {
-        batch: torch.randint(0, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(model.device)
-        for batch in batches
-    }
-    # Counted first: once torch.compile has run in a process, eager code costs extra Python calls (dynamo's hooks).
-    counted = {mode: ar_tokens if mode.startswith("AR") else wedlm_lengths for mode in MODES}
-    counts = {batch: per_step_counts(model, prompts, window, counted) for batch, prompts in prompts_of.items()}
-    for batch, prompts in prompts_of.items():
+    for batch in batches:
+        prompts = torch.randint(0, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(model.device)
         runs = _decoders(model, prompts, window, compiled)
         lengths = {name: ar_tokens if name.startswith("AR") else wedlm_lengths for name in runs}
         seconds, forward, readout = _per_step(runs, lengths, repeats)
@@ -293,6 +287,9 @@ def run_step_benchmark(
             f"{reads['WeDLM eager']:.1f}, WeDLM sampled {reads['WeDLM sampled']:.1f}, lossless sampled "
             f"{reads['lossless sampled']:.1f} (target 1)"
         )
+        counted = {mode: ar_tokens if mode.startswith("AR") else wedlm_lengths for mode in ("AR", "WeDLM")}
+        lengths_of = {mode: counted["AR" if mode.startswith("AR") else "WeDLM"] for mode in MODES}
+        counts[batch] = per_step_counts(model, prompts, window, lengths_of)
         report[batch]["calls_and_ops_per_step"] = counts[batch]
     if len(counts) > 1:
         report["per_added_row"] = log_counts(log, counts)
