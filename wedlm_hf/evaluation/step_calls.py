@@ -11,7 +11,6 @@ row (request) with a sampler and generator of its own, through the decoder (`gen
 """
 
 import cProfile
-import pstats
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -44,7 +43,10 @@ class TorchOps(TorchFunctionMode):
 
 
 def _counted(run) -> tuple[int, int, int]:
-    """(Python calls, torch operators, forwards) of `run()`, which returns its forwards."""
+    """(Python calls, torch operators, forwards) of `run()`, which returns its forwards. Calls are summed over the
+    profiler's entries, one per function: `pstats` keys them by file, line and name, under which every dataclass's
+    generated `__init__` is one ("<string>", 2), so it would keep one of them (which one depends on what was imported
+    first) and drop the others' calls."""
     profile, ops = cProfile.Profile(), TorchOps()
     with ops:
         profile.enable()
@@ -52,7 +54,7 @@ def _counted(run) -> tuple[int, int, int]:
             forwards = run()
         finally:
             profile.disable()
-    return pstats.Stats(profile).total_calls, ops.count, forwards
+    return sum(entry.callcount for entry in profile.getstats()), ops.count, forwards
 
 
 def per_step_counts(model, prompts: torch.Tensor, window: int, lengths: dict[str, tuple[int, int]]) -> dict:
