@@ -11,7 +11,8 @@
 (e) `wedlm-hf bench-lossless --device cuda`, eager and then with the compiled decoders (generate's own compile:
     CUDA graphs), on the shipped model in float32 (lossless output must be AR's, token for token).
 (f) a sampled WeDLM step's synchronisations (torch's sync debug mode), default and lossless mode, rows with their
-    own generators, draws before the read (`scripts/step_syncs.py`): the target is one.
+    own generators, draws before the read (`scripts/step_syncs.py`): the target is one; and whether samplers processed
+    as one batch give each row its own warpers' scores on the device.
 (g) the step at serving scale, on the 8B-shaped model at batch 64: AR and WeDLM static + compiled as in (d), then a
     torch.profiler summary of WeDLM's eager decoding (`scripts/step_profile.py`): wall time against the device's
     busy time per step, and the operators that take the most device and host time.

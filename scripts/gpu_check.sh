@@ -9,7 +9,8 @@
 #       transformers' default compile: CUDA graphs) and eager (DynamicCache), the memory bound (weight bytes / measured
 #       copy bandwidth), and the targets with PASS/FAIL. Rows not started by 6.5 minutes are skipped, with a line;
 #   (e) only when asked (--parts e): `wedlm-hf bench-lossless --device cuda`, eager, then with compiled decoders;
-#   (f) a sampled WeDLM step's synchronisations (torch's sync debug mode), default and lossless: target one;
+#   (f) a sampled WeDLM step's synchronisations (torch's sync debug mode), default and lossless: target one; and
+#       whether samplers processed as one batch give each row its own warpers' scores on the device;
 #   (g) only when asked (--parts g): the 8B-shaped model at batch 64, AR and WeDLM static+compiled,
 #       then a torch.profiler summary of five eager WeDLM decoding steps (wall, host outside torch's operators,
 #       device busy, top operators).

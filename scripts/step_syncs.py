@@ -3,7 +3,9 @@
 Rows that sample, each with its own generator (a server's seeded requests), decode on a small random model, default
 and lossless mode. On CUDA, torch's sync debug mode ("warn") reports every synchronising call, those inside torch's
 own operators included; the step's one read is the target. The CPU dry run has no synchronisations to report: it
-counts the Python-level reads instead (`step_benchmark.HostReads`).
+counts the Python-level reads instead (`step_benchmark.HostReads`). Then whether samplers processed as one batch
+(`sampler_batch`) give each row, on the device, the scores transformers' warpers give it alone (on CUDA a temperature
+is a product with its reciprocal, as PyTorch divides by a Python number there).
 """
 
 import warnings
@@ -56,7 +58,38 @@ def sampled_step_syncs(device: str, dtype: torch.dtype, rows: int = 8, steps: in
         what = "host reads" if device == "cpu" else "synchronisations"
         print(f"sampled {mode} mode, {rows} rows with their own generators: {what} per step {counts} (target 1)")
         most[mode] = max(counts)
+    most["batched warpers equal"] = batched_warpers_equal(device)
     return most
+
+
+def batched_warpers_equal(device: str, samplers: int = 24) -> bool:
+    """Whether rows of seeded samplers with one set of warpers (their own settings), processed as one batch on
+    `device`, get exactly what each sampler's transformers warpers give its rows; printed."""
+    from transformers import LogitsProcessorList
+    from transformers.generation import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from wedlm_hf.modeling.sampler_batch import process
+
+    g = torch.Generator().manual_seed(0)
+    made, blocks = [], []
+    for i in range(samplers):
+        t, k, p = (
+            0.05 + 2 * float(torch.rand((), generator=g)),
+            1 + 97 * i,
+            0.05 + 0.9 * float(torch.rand((), generator=g)),
+        )
+        warpers = LogitsProcessorList([TemperatureLogitsWarper(t), TopKLogitsWarper(k), TopPLogitsWarper(p)])
+        made.append(FillSampler(True, warpers, generator=torch.Generator(device=device).manual_seed(i)))
+        blocks.append((torch.randn(3, MODEL["vocab_size"], generator=g) * 6).to(device))
+    together = process(torch.cat(blocks), made, [3] * samplers)
+    expected = []
+    for sampler, block in zip(made, blocks):
+        for warper in sampler.warpers:
+            block = warper(None, block)
+        expected.append(block)
+    equal = torch.equal(together, torch.cat(expected))
+    print(f"{samplers} seeded samplers processed as one batch on {device}: rows' scores equal their warpers': {equal}")
+    return equal
 
 
 def _warpers():

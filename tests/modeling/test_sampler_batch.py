@@ -64,6 +64,11 @@ def test_a_batch_of_samplers_gives_each_row_its_own_warpers_values(kinds, vocab)
                 expected = warper(None, expected)
             assert torch.equal(sampler.scores(block), expected)  # alone, through the batch form
             assert torch.equal(process(block, [sampler], [len(block)]), expected)
+            half = block.to(torch.bfloat16 if trial % 2 else torch.float16)  # a half model's logits, read in float32
+            expected = half.float()
+            for warper in sampler.warpers:
+                expected = warper(None, expected)
+            assert torch.equal(sampler.scores(half), expected)
         same = [s for s in samplers if s.batch_form[0] == samplers[0].batch_form[0]]
         rows = [blocks[samplers.index(s)] for s in same]
         together = process(torch.cat(rows), same, [len(r) for r in rows])
@@ -101,7 +106,12 @@ def test_only_samplers_of_their_own_with_the_common_warpers_are_batched():
     assert batch_form(own([RepetitionPenaltyLogitsProcessor(1.2), *common])) is None  # reads the context
     assert batch_form(own([TypicalLogitsWarper(0.9)])) is None  # no batch form here
     assert batch_form(own([TopKLogitsWarper(5, filter_value=-1e4)])) is None
-    assert batch_form(own([])) is None
+    assert batch_form(own([]))[0] == batch_form(own([]))[0]  # temperature 1, no truncation: only drawn
+    # top-k's k already counts min_tokens_to_keep; top-p's and min-p's keep it apart
+    assert batch_form(own([TopKLogitsWarper(5, min_tokens_to_keep=3)]))[0] == batch_form(own([TopKLogitsWarper(9)]))[0]
+    assert (
+        batch_form(own([TopPLogitsWarper(0.5, min_tokens_to_keep=3)]))[0] != batch_form(own([TopPLogitsWarper(0.5)]))[0]
+    )
 
 
 def test_merged_groups_keep_each_samplers_rows_together_in_order():
@@ -117,9 +127,11 @@ def test_merged_groups_keep_each_samplers_rows_together_in_order():
 
 
 @pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
-def test_the_decoder_processes_rows_with_samplers_of_their_own_as_one_batch(monkeypatch, lossless):
-    """Beside rows that share one sampler, rows sampling with their own (as a server's requests do) are processed
-    together, and each draws what it draws alone."""
+@pytest.mark.parametrize("before_read", [False, True], ids=["draws-after-read", "draws-before-read"])
+def test_the_decoder_processes_rows_with_samplers_of_their_own_as_one_batch(monkeypatch, lossless, before_read):
+    """Beside rows that share one sampler and a seeded row without warpers (batched apart: its rows are only drawn),
+    rows sampling with their own (as a server's requests do) are processed together, and each draws what it draws
+    alone, whether the draws come after the step's read (a CPU's way) or before it (an accelerator's)."""
     model = build_model(seed=3)
     sizes = []
     real = sampler_batch.process
@@ -130,15 +142,14 @@ def test_the_decoder_processes_rows_with_samplers_of_their_own_as_one_batch(monk
 
     def decode(seeds):
         decoder = StreamingDecoder(model, MASK_ID)
-        rows = [
-            decoder.add([5 + s, 9, 3 + s], settings(own([TemperatureLogitsWarper(1.1), TopPLogitsWarper(0.9)], s)))
-            for s in seeds
-        ]
+        decoder.draws_before_read = before_read
+        warpers = {s: [TemperatureLogitsWarper(1.1), TopPLogitsWarper(0.5 + s / 10)] for s in seeds if s < 4}
+        rows = [decoder.add([5 + s, 9, 3 + s], settings(own(warpers.get(s, []), s))) for s in seeds]
         decoder.add([7, 7, 2], settings(FillSampler(True)))
         while decoder.busy:
             decoder.step()
         return [row.generated for row in rows]
 
-    together = decode(range(4))
+    together = decode(range(5))
     assert max(sizes) == 4
-    assert together == [decode([s])[0] for s in range(4)]
+    assert together == [decode([s])[0] for s in range(5)]

@@ -6,13 +6,16 @@ temperature, top-k's `topk`, top-p's sort, softmax and scatter, the draw). Where
 common warpers (temperature, top-k, top-p, min-p), which read only the scores, their settings become per-row
 tensors and the rows of every such sampler with the same warpers in the same order are processed by one set of
 operators; each row then draws its noise from its own generator into its part of one tensor, an operator a
-sampler. The values are transformers' own (each warper's arithmetic, on each row, with its own settings), and a
+sampler. The values are transformers' own (each warper's arithmetic, on each row, with its own settings, as
+PyTorch computes it on that device: on CUDA a division by a Python number is a product with its reciprocal), and a
 sampler that can be batched is always processed this way, alone too, so that its row draws the same tokens alone
-and in any batch.
+and in any batch. A sampler without warpers (temperature 1, no truncation) is batched too: its rows are only drawn.
 
 Samplers without a generator of their own draw from the global stream in the order they are met, so they are
 never merged; neither are samplers with a processor that reads the context or that this module has no batch
-form of (a penalty, a bias, typical-p): those process as before, each on its own.
+form of (a penalty, a bias, typical-p): those process as before, each on its own. Merging keeps each sampler's
+draws in order, not the order between samplers: samplers that share one generator object draw in the batches'
+order (nothing here makes such samplers: a server gives each choice a generator of its own).
 """
 
 import torch
@@ -30,16 +33,17 @@ SETTINGS = {
 def batch_form(sampler) -> tuple[tuple, tuple] | None:
     """(the key samplers share to be processed together, the sampler's own settings in its warpers' order), or None
     where the sampler processes on its own: greedy, drawing from the global stream, or with a warper that has no
-    batch form here or that removes tokens to something other than -inf. The key holds each warper's kind and
-    `min_tokens_to_keep`; the settings, its temperature, top-k, top-p or min-p."""
-    if not sampler.do_sample or sampler.generator is None or not sampler.warpers:
+    batch form here or that removes tokens to something other than -inf. The key holds each warper's kind and, for
+    top-p and min-p, `min_tokens_to_keep` (top-k's k already counts it); the settings, its temperature, top-k, top-p
+    or min-p."""
+    if not sampler.do_sample or sampler.generator is None:
         return None
     kinds, settings = [], []
     for warper in sampler.warpers:
         kind = type(warper)
         if kind not in SETTINGS or getattr(warper, "filter_value", -float("inf")) != -float("inf"):
             return None
-        kinds.append((kind, getattr(warper, "min_tokens_to_keep", 1)))
+        kinds.append((kind, warper.min_tokens_to_keep if kind in (TopPLogitsWarper, MinPLogitsWarper) else None))
         settings.append(getattr(warper, SETTINGS[kind]))
     return (tuple(kinds), str(sampler.generator.device)), tuple(settings)
 
@@ -47,7 +51,8 @@ def batch_form(sampler) -> tuple[tuple, tuple] | None:
 def process(scores: torch.Tensor, samplers: list, counts: list[int]) -> torch.Tensor:
     """The warpers of `samplers` (all of one `batch_form` key) applied to float `scores`, whose first `counts[0]`
     rows are the first sampler's, the next `counts[1]` the second's, and so on: what each sampler's own warpers give
-    its rows (transformers' arithmetic, with each row's own setting as a tensor in place of a Python number)."""
+    its rows (transformers' arithmetic, with each row's own setting as a tensor in place of a Python number). The
+    settings travel to the device without waiting for its queued work (`_on_device`), as the step's draws do."""
     kinds, vocab = samplers[0].batch_form[0][0], scores.shape[-1]
     for j, (kind, keep) in enumerate(kinds):
         settings = [sampler.batch_form[1][j] for sampler in samplers]
@@ -55,7 +60,7 @@ def process(scores: torch.Tensor, samplers: list, counts: list[int]) -> torch.Te
             settings = [min(k, vocab) for k in settings]
         values = [value for setting, n in zip(settings, counts) for value in [setting] * n]  # a row's its sampler's
         if kind is TemperatureLogitsWarper:
-            scores = scores / torch.tensor(values, dtype=scores.dtype, device=scores.device)[:, None]
+            scores = _temperature(scores, values)
         elif kind is TopKLogitsWarper:
             scores = _top_k(scores, values, max(settings))
         elif kind is TopPLogitsWarper:
@@ -65,11 +70,27 @@ def process(scores: torch.Tensor, samplers: list, counts: list[int]) -> torch.Te
     return scores
 
 
+def _on_device(values: list, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """`values` as a (rows, 1) tensor on `like`'s device, copied without waiting for the work queued there (a
+    tensor made on the device from a list waits for it: a synchronisation before the step's one read)."""
+    return torch.tensor(values, dtype=dtype)[:, None].to(like.device, non_blocking=True)
+
+
+def _temperature(scores: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
+    """Each row's scores over its temperature, as `scores / temperature` gives them: on CUDA, PyTorch divides by a
+    Python number as a product with its reciprocal in float32 (one bit may differ from the quotient), and so is it
+    done here there."""
+    values = torch.tensor(temperatures, dtype=torch.float32)[:, None]
+    if scores.device.type == "cuda":
+        return scores * (1.0 / values).to(scores.device, non_blocking=True)
+    return scores / values.to(scores.device, non_blocking=True)
+
+
 def _top_k(scores: torch.Tensor, ks: list[int], largest_k: int) -> torch.Tensor:
     """Each row keeps the scores at least its k-th largest (`ks`: each row's k, at most the vocabulary; the
     `largest_k` largest scores taken once for every row)."""
     largest = torch.topk(scores, largest_k).values
-    kth = largest.gather(-1, torch.tensor(ks, device=scores.device)[:, None] - 1)
+    kth = largest.gather(-1, _on_device([k - 1 for k in ks], torch.long, scores))
     return scores.masked_fill(scores < kth, -float("inf"))
 
 
@@ -77,8 +98,7 @@ def _top_p(scores: torch.Tensor, top_p: list[float], keep: int) -> torch.Tensor:
     """Each row removes the least likely tokens whose probabilities sum to at most 1 - its top-p."""
     sorted_scores, order = torch.sort(scores, descending=False)
     cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-    limits = torch.tensor([1 - p for p in top_p], dtype=cumulative.dtype, device=scores.device)
-    removed = cumulative <= limits[:, None]
+    removed = cumulative <= _on_device([1 - p for p in top_p], cumulative.dtype, scores)
     removed[..., -keep:] = False
     return scores.masked_fill(removed.scatter(1, order, removed), -float("inf"))
 
@@ -86,7 +106,7 @@ def _top_p(scores: torch.Tensor, top_p: list[float], keep: int) -> torch.Tensor:
 def _min_p(scores: torch.Tensor, min_p: list[float], keep: int) -> torch.Tensor:
     """Each row removes the tokens less likely than its min-p times its most likely token's probability."""
     probabilities = torch.softmax(scores, dim=-1)
-    factors = torch.tensor(min_p, dtype=probabilities.dtype, device=scores.device)[:, None]
+    factors = _on_device(min_p, probabilities.dtype, scores)
     removed = probabilities < factors * probabilities.amax(dim=-1, keepdim=True)
     removed.scatter_(-1, torch.topk(probabilities, min(keep, probabilities.shape[-1]), dim=-1).indices, False)
     return scores.masked_fill(removed, -float("inf"))
@@ -113,6 +133,8 @@ class SamplerBatch:
         return (probabilities / noise).argmax(dim=-1)
 
     def uniforms(self, count: int, device) -> torch.Tensor:
+        if count != sum(self.counts):
+            raise RuntimeError("A batch of samplers drew uniforms for other rows: this is a bug in wedlm_hf.")
         return torch.cat(
             [torch.rand(n, generator=s.generator, device=device) for s, n in zip(self.samplers, self.counts)]
         )
@@ -135,17 +157,17 @@ def merged(groups: list[tuple], size=len) -> list[tuple]:
     Groups whose samplers share a batch form become one (a `SamplerBatch`, their keys one after the other, at the
     first one's place); the others stay as they are. Each sampler's rows stay together and in order, so each
     generator draws as it would alone."""
-    out, batches = [], {}
+    out, batches = [], {}  # out: (sampler, keys), or (the key of a batch in `batches`, None)
     for sampler, keys in groups:
         form = sampler.batch_form
         if form is None:
             out.append((sampler, keys))
-        elif form[0] in batches:
-            samplers, counts, merged_keys = batches[form[0]]
-            samplers.append(sampler)
-            counts.append(size(keys))
-            merged_keys += keys
-        else:
-            batches[form[0]] = entry = ([sampler], [size(keys)], list(keys))
-            out.append(entry)
-    return [(SamplerBatch(*group[:2]), group[2]) if len(group) == 3 else group for group in out]
+            continue
+        if form[0] not in batches:
+            batches[form[0]] = (SamplerBatch([], []), [])
+            out.append((form[0], None))
+        batch, batch_keys = batches[form[0]]
+        batch.samplers.append(sampler)
+        batch.counts.append(size(keys))
+        batch_keys += keys
+    return [batches[first] if keys is None else (first, keys) for first, keys in out]
