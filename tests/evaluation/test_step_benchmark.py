@@ -57,6 +57,9 @@ def test_every_cell_is_measured_and_reported():
         readout = report[batch]["readout_seconds_per_step"]  # WeDLM's readout, timed; AR has none of its own
         assert readout["AR eager"] == readout["AR static+compiled"] == 0.0
         assert all(math.isfinite(readout[name]) for name in seconds if name.startswith("WeDLM"))
+        sampled = report[batch]["sampled_seconds_per_step"]  # one sampler for the batch, and one a row
+        assert set(sampled) == {"one sampler", "a sampler a row"} and all(map(math.isfinite, sampled.values()))
+        assert sum(line.startswith(f"batch {batch:>3}, sampled (eager") for line in lines) == 1
         reads = report[batch]["host_reads_per_step"]
         assert set(reads) == {"AR eager", "WeDLM eager", "WeDLM sampled", "lossless sampled"}
         assert all(count >= 1 for count in reads.values())

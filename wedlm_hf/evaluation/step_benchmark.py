@@ -15,6 +15,9 @@ as `wedlm-hf bench` does.
 Host reads per step count, on the eager runs and on seeded sampled ones (default and lossless mode), the calls
 that copy a tensor's data to the host for Python to see (`item`, `tolist`, `bool()` / `int()` / `float()` /
 indexing by a tensor, `nonzero`, `unique`, `masked_select`, `.cpu()`): on a GPU each is a synchronisation.
+Seeded sampling is timed too, eager, two ways side by side: with one sampler for the batch (as `generate` samples)
+and with a sampler and generator a row (as `wedlm-hf serve` samples its requests, their processing batched:
+`sampler_batch`).
 Targets: WeDLM's step at most 1.3x AR's at batch 1 and 2x at batch 16, eager and compiled, with one host read per
 step. Each cell also prints WeDLM's forward alone as a multiple of AR's whole step: where it is over the target, no
 work the decoder saves around the forward can meet it on that machine. Last, a context look-up's host cost per row
@@ -34,7 +37,7 @@ from .benchmark import random_model
 from .compiled_forward import compiled_forward, swapped_forward
 from .interleaved_runs import interleave
 from .lookup_benchmark import run_lookup_benchmark
-from .step_calls import MODES, log_counts, per_step_counts
+from .step_calls import MODES, log_counts, per_step_counts, row_samplers
 
 STEP_MODEL = dict(
     hidden_size=64,
@@ -209,6 +212,26 @@ SAMPLED = {  # host reads only: seeded sampling with a temperature and top-k, de
 }
 
 
+def _sampled_per_step(model, prompts: torch.Tensor, window: int, lengths: tuple[int, int], repeats: int) -> dict:
+    """name -> seconds per decoding step of seeded sampling (temperature 0.9, top-k 50), eager, the draws after the
+    read (a CPU's way): with one sampler for the batch, as `generate` samples, and with a sampler and generator a
+    row, as `wedlm-hf serve` samples its requests (`step_calls.row_samplers`), interleaved, best of `repeats`."""
+    common = dict(eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts), strategy="wedlm")
+    common |= dict(wedlm_window_size=window, wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
+    common |= dict(do_sample=True, temperature=0.9, top_k=50)
+
+    def one_sampler(tokens: int) -> int:
+        torch.manual_seed(0)
+        return max(s.forwards for s in model.generate(prompts, max_new_tokens=tokens, **common).wedlm_stats)
+
+    runs = {"one sampler": one_sampler, "a sampler a row": functools.partial(row_samplers, model, prompts, window)}
+    timings = interleave(
+        {name: (lambda i, run=run: run(lengths[i])) for name, run in runs.items()}, repeats, cases=(0, 1), warm_up=True
+    )
+    steps = {name: timings.result((0, name)) - timings.result((1, name)) for name in runs}
+    return {name: (timings.best((0, name)) - timings.best((1, name))) / steps[name] for name in runs}
+
+
 def _sampled_host_reads(model, prompts: torch.Tensor, window: int, lengths: tuple[int, int]) -> dict:
     """name -> host reads per decoding step of sampled WeDLM decoding (`SAMPLED`), eager, with the draws made
     before the step's read as on an accelerator (`step_draws.draws_before_read`; a CPU draws after it)."""
@@ -264,11 +287,13 @@ def run_step_benchmark(
         lengths = {name: ar_tokens if name.startswith("AR") else wedlm_lengths for name in runs}
         seconds, forward, readout = _per_step(runs, lengths, repeats)
         reads = _host_reads(runs, lengths) | _sampled_host_reads(model, prompts, window, wedlm_lengths)
+        sampled = _sampled_per_step(model, prompts, window, wedlm_lengths, repeats)
         report[batch] = {
             "seconds_per_step": seconds,
             "forward_seconds_per_step": forward,
             "readout_seconds_per_step": readout,
             "host_reads_per_step": reads,
+            "sampled_seconds_per_step": sampled,
         }
         for mode in ("eager", "static+compiled") if compile else ("eager",):
             ar, wedlm = seconds[f"AR {mode}"], seconds[f"WeDLM {mode}"]
@@ -286,6 +311,11 @@ def run_step_benchmark(
             f"batch {batch:>3}, host reads per step (eager): AR {reads['AR eager']:.1f}, WeDLM "
             f"{reads['WeDLM eager']:.1f}, WeDLM sampled {reads['WeDLM sampled']:.1f}, lossless sampled "
             f"{reads['lossless sampled']:.1f} (target 1)"
+        )
+        one, own = sampled["one sampler"], sampled["a sampler a row"]
+        log(
+            f"batch {batch:>3}, sampled (eager, temperature 0.9, top-k 50): one sampler for the batch "
+            f"{one * 1e3:7.3f} ms/step, a sampler and generator a row {own * 1e3:7.3f} ms/step: {own / one:5.2f}x"
         )
         counted = {mode: ar_tokens if mode.startswith("AR") else wedlm_lengths for mode in ("AR", "WeDLM")}
         lengths_of = {mode: counted["AR" if mode.startswith("AR") else "WeDLM"] for mode in MODES}

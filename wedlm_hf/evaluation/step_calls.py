@@ -26,7 +26,7 @@ MODES = {
     "WeDLM default": dict(strategy="wedlm"),
     "WeDLM lossless": dict(strategy="wedlm", wedlm_lossless=True),
     "WeDLM sampled": dict(strategy="wedlm", do_sample=True, temperature=0.9, top_k=50),
-    "WeDLM sampled, a sampler a row": None,  # as a server samples its requests (`_row_samplers`)
+    "WeDLM sampled, a sampler a row": None,  # as a server samples its requests (`row_samplers`)
 }
 
 
@@ -68,7 +68,7 @@ def per_step_counts(model, prompts: torch.Tensor, window: int, lengths: dict[str
         def run(tokens: int, mode=mode, settings=settings) -> int:
             torch.manual_seed(0)
             if settings is None:
-                return _row_samplers(model, prompts, window, tokens)
+                return row_samplers(model, prompts, window, tokens)
             if mode.startswith("AR"):
                 model.generate(prompts, max_new_tokens=tokens, min_new_tokens=tokens, **common, **settings)
                 return tokens
@@ -81,7 +81,7 @@ def per_step_counts(model, prompts: torch.Tensor, window: int, lengths: dict[str
     return out
 
 
-def _row_samplers(model, prompts: torch.Tensor, window: int, tokens: int) -> int:
+def row_samplers(model, prompts: torch.Tensor, window: int, tokens: int) -> int:
     """`tokens` new tokens for each prompt at forced acceptance, sampled (temperature 0.9, top-k 50) with a sampler
     and a seeded generator of each row's own, as `wedlm-hf serve` samples each request; returns the forwards."""
     decoder = StreamingDecoder(model, model.config.mask_token_id)
