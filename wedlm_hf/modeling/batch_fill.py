@@ -85,9 +85,9 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, groups: list[list[tuple
     """(row, column) -> (token, the distribution it was drawn from where a verifying row or keep_logits needs it:
     (the block, its row)) for the chosen (row, column) masks (at window slots `slots[row, column]`) of rows with
     their own draw, in `groups` of rows that share one sampler, each in row and slot order (samplers with the same
-    warpers and generators of their own drawing as one: `sampler_batch`). A context-reading
-    processor sees, at each mask, the committed text and the window's filled slots before it, up to the first mask
-    (exact for the leftmost mask; docs/usage.md)."""
+    warpers and generators of their own drawing as one: `sampler_batch`). A context-reading processor sees, at each
+    mask, the committed text and the window's filled slots before it, up to the first mask (exact for the leftmost
+    mask; docs/usage.md)."""
     out = {}
     for sampler, keys in merged([(rows[keys[0][0]].settings.sampler, keys) for keys in groups]):
         block = scores[[b for b, _ in keys], [c for _, c in keys]]

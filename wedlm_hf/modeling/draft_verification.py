@@ -86,9 +86,8 @@ def greedy_predictions(rows: list, ar_rows: dict[int, list[int]], top: list | No
 def sampler_blocks(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int]]):
     """For the lossless rows whose AR choice is their sampler's own (a draw, or processors): per sampler, its rows,
     their AR position counts, and their AR logits processed as one block (samplers that process as one, one block
-    for them all: `sampler_batch`). A context-reading processor sees, at each
-    position, the committed text and the window's drafts before it: the real prefix AR `generate` would have there,
-    so verification stays exact."""
+    for them all: `sampler_batch`). A context-reading processor sees, at each position, the committed text and the
+    window's drafts before it: the real prefix AR `generate` would have there, so verification stays exact."""
     groups: dict[int, list[int]] = {}
     for b in ar_rows:
         if rows[b].verifies and rows[b].settings.sampler.own_choice:

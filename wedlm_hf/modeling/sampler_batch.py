@@ -58,7 +58,7 @@ def process(scores: torch.Tensor, samplers: list, counts: list[int]) -> torch.Te
         settings = [sampler.batch_form[1][j] for sampler in samplers]
         if kind is TopKLogitsWarper:
             settings = [min(k, vocab) for k in settings]
-        values = [value for setting, n in zip(settings, counts) for value in [setting] * n]  # a row's its sampler's
+        values = [value for setting, n in zip(settings, counts) for value in [setting] * n]  # each row's: its sampler's
         if kind is TemperatureLogitsWarper:
             scores = _temperature(scores, values)
         elif kind is TopKLogitsWarper:
