@@ -48,10 +48,13 @@ def test_a_batch_of_samplers_gives_each_row_its_own_warpers_values(kinds, vocab)
         samplers, blocks = [], []
         for s in range(5):
             warpers = warpers_of(kinds, g, vocab)
-            if s and trial % 2:  # min_tokens_to_keep is part of the key: samplers that batch share it
+            if s and trial % 2:  # into the first one's batch: its min_tokens_to_keep, its k within a factor of two
                 for mine, first in zip(warpers, samplers[0].warpers):
                     if hasattr(first, "min_tokens_to_keep"):
                         mine.min_tokens_to_keep = first.min_tokens_to_keep
+                    if isinstance(first, TopKLogitsWarper):
+                        low = 1 << (first.top_k.bit_length() - 1)
+                        mine.top_k = int(torch.randint(low, 2 * low, (), generator=g))
             samplers.append(own(warpers, seed=s))
             block = torch.randn(int(torch.randint(1, 4, (), generator=g)), vocab, generator=g) * 4
             if trial % 3 == 0:
@@ -70,6 +73,7 @@ def test_a_batch_of_samplers_gives_each_row_its_own_warpers_values(kinds, vocab)
                 expected = warper(None, expected)
             assert torch.equal(sampler.scores(half), expected)
         same = [s for s in samplers if s.batch_form[0] == samplers[0].batch_form[0]]
+        assert len(same) == 5 or not trial % 2
         rows = [blocks[samplers.index(s)] for s in same]
         together = process(torch.cat(rows), same, [len(r) for r in rows])
         assert torch.equal(together, torch.cat([s.scores(r) for s, r in zip(same, rows)]))
@@ -99,7 +103,7 @@ def test_a_batch_draws_each_rows_tokens_from_its_own_generator():
 def test_only_samplers_of_their_own_with_the_common_warpers_are_batched():
     common = [TemperatureLogitsWarper(0.8), TopKLogitsWarper(5)]
     assert batch_form(own(common)) is not None
-    assert batch_form(own(common))[0] == batch_form(own([TemperatureLogitsWarper(1.3), TopKLogitsWarper(9)]))[0]
+    assert batch_form(own(common))[0] == batch_form(own([TemperatureLogitsWarper(1.3), TopKLogitsWarper(7)]))[0]
     assert batch_form(own(common))[0] != batch_form(own(common[::-1]))[0]  # another order, another batch
     assert batch_form(FillSampler(True, LogitsProcessorList(common))) is None  # the global stream
     assert batch_form(FillSampler(False, LogitsProcessorList(common), generator=torch.Generator())) is None  # greedy
@@ -107,8 +111,11 @@ def test_only_samplers_of_their_own_with_the_common_warpers_are_batched():
     assert batch_form(own([TypicalLogitsWarper(0.9)])) is None  # no batch form here
     assert batch_form(own([TopKLogitsWarper(5, filter_value=-1e4)])) is None
     assert batch_form(own([]))[0] == batch_form(own([]))[0]  # temperature 1, no truncation: only drawn
-    # top-k's k already counts min_tokens_to_keep; top-p's and min-p's keep it apart
-    assert batch_form(own([TopKLogitsWarper(5, min_tokens_to_keep=3)]))[0] == batch_form(own([TopKLogitsWarper(9)]))[0]
+    # top-k's k already counts min_tokens_to_keep (and batches within a factor of two of it); top-p's and min-p's
+    # keep it apart
+    assert batch_form(own([TopKLogitsWarper(5, min_tokens_to_keep=3)]))[0] == batch_form(own([TopKLogitsWarper(7)]))[0]
+    assert batch_form(own([TopKLogitsWarper(40)]))[0] == batch_form(own([TopKLogitsWarper(50)]))[0]
+    assert batch_form(own([TopKLogitsWarper(40)]))[0] != batch_form(own([TopKLogitsWarper(150_000)]))[0]
     assert (
         batch_form(own([TopPLogitsWarper(0.5, min_tokens_to_keep=3)]))[0] != batch_form(own([TopPLogitsWarper(0.5)]))[0]
     )

@@ -33,9 +33,8 @@ SETTINGS = {
 def batch_form(sampler) -> tuple[tuple, tuple] | None:
     """(the key samplers share to be processed together, the sampler's own settings in its warpers' order), or None
     where the sampler processes on its own: greedy, drawing from the global stream, or with a warper that has no
-    batch form here or that removes tokens to something other than -inf. The key holds each warper's kind and, for
-    top-p and min-p, `min_tokens_to_keep` (top-k's k already counts it); the settings, its temperature, top-k, top-p
-    or min-p."""
+    batch form here or that removes tokens to something other than -inf. The key holds each warper's kind and what
+    keeps batches apart (`_apart`); the settings, its temperature, top-k, top-p or min-p."""
     if not sampler.do_sample or sampler.generator is None:
         return None
     kinds, settings = [], []
@@ -43,9 +42,18 @@ def batch_form(sampler) -> tuple[tuple, tuple] | None:
         kind = type(warper)
         if kind not in SETTINGS or getattr(warper, "filter_value", -float("inf")) != -float("inf"):
             return None
-        kinds.append((kind, warper.min_tokens_to_keep if kind in (TopPLogitsWarper, MinPLogitsWarper) else None))
+        kinds.append((kind, _apart(warper)))
         settings.append(getattr(warper, SETTINGS[kind]))
     return (tuple(kinds), str(sampler.generator.device)), tuple(settings)
+
+
+def _apart(warper) -> int | None:
+    """What keeps a warper's samplers out of each other's batches: top-p's and min-p's `min_tokens_to_keep` (one
+    for the batch), and top-k's k to within a factor of two: a batch takes its largest k's top scores for every row,
+    so a request asking for a large k (the whole vocabulary) does not make every other row's top-k cost as much."""
+    if isinstance(warper, TopKLogitsWarper):
+        return warper.top_k.bit_length()
+    return warper.min_tokens_to_keep if isinstance(warper, (TopPLogitsWarper, MinPLogitsWarper)) else None
 
 
 def process(scores: torch.Tensor, samplers: list, counts: list[int]) -> torch.Tensor:
