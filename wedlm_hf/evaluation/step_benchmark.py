@@ -216,9 +216,8 @@ def _sampled_per_step(model, prompts: torch.Tensor, window: int, lengths: tuple[
     """name -> seconds per decoding step of seeded sampling (temperature 0.9, top-k 50), eager, the draws after the
     read (a CPU's way): with one sampler for the batch, as `generate` samples, and with a sampler and generator a
     row, as `wedlm-hf serve` samples its requests (`step_calls.row_samplers`), interleaved, best of `repeats`."""
-    common = dict(eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts), strategy="wedlm")
+    common = dict(eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompts), **MODES["WeDLM sampled"])
     common |= dict(wedlm_window_size=window, wedlm_entropy_threshold=1e9, return_dict_in_generate=True)
-    common |= dict(do_sample=True, temperature=0.9, top_k=50)
 
     def one_sampler(tokens: int) -> int:
         torch.manual_seed(0)
