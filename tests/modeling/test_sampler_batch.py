@@ -7,6 +7,7 @@ from conftest import EOS_ID, MASK_ID, build_model
 from transformers import (
     LogitsProcessorList,
     MinPLogitsWarper,
+    NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -16,6 +17,7 @@ from transformers import (
 
 import wedlm_hf.modeling.sampler_batch as sampler_batch
 from wedlm_hf.modeling.decoding_state import DecodingSettings
+from wedlm_hf.modeling.processor_contexts import Contexts
 from wedlm_hf.modeling.sampler_batch import SamplerBatch, batch_form, merged, process
 from wedlm_hf.modeling.streaming_decoder import StreamingDecoder
 from wedlm_hf.modeling.window_filling import FillSampler
@@ -79,6 +81,48 @@ def test_a_batch_of_samplers_gives_each_row_its_own_warpers_values(kinds, vocab)
         assert torch.equal(together, torch.cat([s.scores(r) for s, r in zip(same, rows)]))
 
 
+@pytest.mark.parametrize("ignore", [None, 0, 3], ids=["whole-context", "ignore-0", "ignore-3"])
+def test_a_batch_of_repetition_penalties_gives_each_position_its_own_contexts_values(ignore):
+    """Positions of several rows (each context a prefix of its row's ids: the committed text and the window before
+    the slot), each row with its own penalty and warpers after it, processed as one padded block: each position
+    gets what transformers' processors give it alone with its own context (ids past the logits' vocabulary
+    included, which transformers leaves out), and a sampler alone gets the same."""
+    g, vocab = torch.Generator().manual_seed(7), 40
+    for trial in range(8):
+        samplers, blocks, parts = [], [], []
+        for s in range(4):
+            penalty = 0.5 + 1.5 * float(torch.rand((), generator=g))
+            warpers = [RepetitionPenaltyLogitsProcessor(penalty, ignore), *warpers_of("tk", g, vocab)]
+            if trial % 2:  # one batch: top-k within a factor of two of the first's
+                warpers[2].top_k = 8 + s
+            samplers.append(own(warpers, seed=s))
+            ids = torch.randint(0, vocab + 3, (int(torch.randint(1, 12, (), generator=g)),), generator=g)
+            slots = sorted(torch.randint(0, len(ids), (int(torch.randint(1, 5, (), generator=g)),), generator=g))
+            parts.append(Contexts([ids], [0] * len(slots), [int(k) + 1 for k in slots]))
+            block = torch.randn(len(slots), vocab, generator=g) * 3
+            block[:, 0] = float("-inf")
+            blocks.append(block)
+        expected = []
+        for sampler, block, contexts in zip(samplers, blocks, parts):
+            rows = []
+            for n in range(len(block)):
+                row = block[n : n + 1]
+                for warper in sampler.warpers:
+                    row = warper(contexts[n][None], row)
+                rows.append(row)
+            expected.append(torch.cat(rows))
+            assert torch.equal(sampler.scores(block, contexts), expected[-1])  # alone, through the batch form
+        same = [i for i, s in enumerate(samplers) if s.batch_form[0] == samplers[0].batch_form[0]]
+        assert len(same) == 4 or not trial % 2
+        together = process(
+            torch.cat([blocks[i] for i in same]),
+            [samplers[i] for i in same],
+            [len(blocks[i]) for i in same],
+            Contexts.joined([parts[i] for i in same]),
+        )
+        assert torch.equal(together, torch.cat([expected[i] for i in same]))
+
+
 def test_a_batch_draws_each_rows_tokens_from_its_own_generator():
     """The draw, the uniforms and a subset's draw of a `SamplerBatch` are each sampler's own, in its own stream."""
     vocab = 50
@@ -100,6 +144,10 @@ def test_a_batch_draws_each_rows_tokens_from_its_own_generator():
     assert torch.equal(subset.draw(probabilities[some]), torch.cat(expected))
 
 
+def common_key(warpers: list):
+    return batch_form(own(warpers))[0]
+
+
 def test_only_samplers_of_their_own_with_the_common_warpers_are_batched():
     common = [TemperatureLogitsWarper(0.8), TopKLogitsWarper(5)]
     assert batch_form(own(common)) is not None
@@ -107,7 +155,12 @@ def test_only_samplers_of_their_own_with_the_common_warpers_are_batched():
     assert batch_form(own(common))[0] != batch_form(own(common[::-1]))[0]  # another order, another batch
     assert batch_form(FillSampler(True, LogitsProcessorList(common))) is None  # the global stream
     assert batch_form(FillSampler(False, LogitsProcessorList(common), generator=torch.Generator())) is None  # greedy
-    assert batch_form(own([RepetitionPenaltyLogitsProcessor(1.2), *common])) is None  # reads the context
+    penalised = batch_form(own([RepetitionPenaltyLogitsProcessor(1.2), *common]))
+    assert penalised[0] == batch_form(own([RepetitionPenaltyLogitsProcessor(1.5), *common]))[0] != common_key(common)
+    assert penalised[0] != batch_form(own([RepetitionPenaltyLogitsProcessor(1.2, 3), *common]))[0]  # leaves 3 out
+    per_row = RepetitionPenaltyLogitsProcessor(1.2, torch.tensor([2, 0]))  # state shaped for a batch of two
+    assert batch_form(own([per_row])) is None
+    assert batch_form(own([NoRepeatNGramLogitsProcessor(2)])) is None  # reads the context, no batch form here
     assert batch_form(own([TypicalLogitsWarper(0.9)])) is None  # no batch form here
     assert batch_form(own([TopKLogitsWarper(5, filter_value=-1e4)])) is None
     assert batch_form(own([]))[0] == batch_form(own([]))[0]  # temperature 1, no truncation: only drawn
@@ -142,7 +195,7 @@ def test_the_decoder_processes_rows_with_samplers_of_their_own_as_one_batch(monk
     model = build_model(seed=3)
     sizes = []
     real = sampler_batch.process
-    monkeypatch.setattr(sampler_batch, "process", lambda s, ss, cs: sizes.append(len(ss)) or real(s, ss, cs))
+    monkeypatch.setattr(sampler_batch, "process", lambda s, ss, cs, c=None: sizes.append(len(ss)) or real(s, ss, cs, c))
 
     def settings(sampler):
         return DecodingSettings(24, window_size=6, lossless=lossless, sampler=sampler, stop_ids=frozenset({EOS_ID}))
@@ -151,12 +204,15 @@ def test_the_decoder_processes_rows_with_samplers_of_their_own_as_one_batch(monk
         decoder = StreamingDecoder(model, MASK_ID)
         decoder.draws_before_read = before_read
         warpers = {s: [TemperatureLogitsWarper(1.1), TopPLogitsWarper(0.5 + s / 10)] for s in seeds if s < 4}
+        # rows 5 to 7 with a repetition penalty each (it reads the context), batched apart from the others
+        penalised = {s: [RepetitionPenaltyLogitsProcessor(1.2 + s / 10), TemperatureLogitsWarper(0.9)] for s in seeds}
+        warpers |= {s: penalised[s] for s in seeds if s > 4}
         rows = [decoder.add([5 + s, 9, 3 + s], settings(own(warpers.get(s, []), s))) for s in seeds]
         decoder.add([7, 7, 2], settings(FillSampler(True)))
         while decoder.busy:
             decoder.step()
         return [row.generated for row in rows]
 
-    together = decode(range(5))
-    assert max(sizes) == 4
-    assert together == [decode([s])[0] for s in range(5)]
+    together = decode(range(8))
+    assert max(sizes) == 4 and 3 in sizes  # rows 0 to 3 together, the penalised ones together
+    assert together == [decode([s])[0] for s in range(8)]

@@ -9,11 +9,14 @@ import torch
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
+from wedlm_hf.modeling.processor_contexts import Contexts
 from wedlm_hf.modeling.window_filling import FillSampler, entropy, greedy
 
 
@@ -69,3 +72,32 @@ def test_a_processor_that_takes_more_than_ids_and_scores_is_refused_when_the_sam
         ValueError, match=r"NeedsLength takes more than \(input_ids, scores\) \(input_ids, scores, cur_len\)"
     ):
         FillSampler(True, LogitsProcessorList([NeedsLength()]))
+
+
+@pytest.mark.parametrize("readers", ["penalty", "penalty+ngram"])
+def test_a_window_of_contexts_is_processed_as_one_block_where_the_processors_ignore_padding(monkeypatch, readers):
+    """Each position is processed with its own context as AR would (here a greedy sampler's, which no batch of
+    samplers takes): a repetition penalty ignores ids past the vocabulary, so the window's positions, each a
+    context one token longer, take one call on a padded block; beside a processor that does not ignore padding,
+    a call per context length."""
+    processors = [RepetitionPenaltyLogitsProcessor(1.7), TemperatureLogitsWarper(0.6)]
+    if readers == "penalty+ngram":
+        processors.insert(1, NoRepeatNGramLogitsProcessor(2))
+    sampler = FillSampler(False, LogitsProcessorList(processors))
+    assert sampler.padded_contexts == (readers == "penalty")
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 20, (9,), generator=g)
+    contexts = Contexts([ids], [0] * 5, [3, 4, 5, 7, 9])
+    logits = torch.randn((5, 20), generator=g)
+    want = []
+    for n in range(5):
+        row = logits[n : n + 1]
+        for processor in processors:
+            row = processor(contexts[n][None], row)
+        want.append(row)
+    calls = []
+    real = RepetitionPenaltyLogitsProcessor.__call__
+    monkeypatch.setattr(RepetitionPenaltyLogitsProcessor, "__call__", lambda p, i, s: calls.append(1) or real(p, i, s))
+    assert torch.equal(sampler.scores(logits, contexts), torch.cat(want))
+    assert len(calls) == (1 if readers == "penalty" else 5)
+    assert torch.equal(sampler.scores(logits, list(contexts)), torch.cat(want))  # a list of tensors alike

@@ -142,3 +142,45 @@ def test_penalties_leave_other_rows_alone(client):
         answers = [f.result() for f in futures]
     assert answers[-1] == plain
     assert answers[0] == answers[1] == answers[2] != plain
+
+
+def test_requests_biases_and_penalties_process_as_one_batch():
+    """Rows of several requests with their own `logit_bias` and OpenAI penalties (and temperature) are processed
+    together (`sampler_batch`), each position getting what its own processors give it alone with its own context,
+    and the penalties what OpenAI's definition gives."""
+    import torch
+    from transformers import TemperatureLogitsWarper
+
+    from wedlm_hf.modeling.processor_contexts import Contexts
+    from wedlm_hf.modeling.sampler_batch import process
+    from wedlm_hf.modeling.window_filling import FillSampler
+    from wedlm_hf.serving.sampling import CompletionPenalties, LogitBias
+
+    g, vocab = torch.Generator().manual_seed(5), 30
+    samplers, blocks, parts = [], [], []
+    for s in range(4):
+        prompt_length = int(torch.randint(1, 5, (), generator=g))
+        processors = [
+            LogitBias({s: -100.0, 7 + s: 2.5}, vocab, "cpu"),
+            CompletionPenalties(prompt_length, 0.3 * s, 0.5 + 0.1 * s),
+            TemperatureLogitsWarper(0.8),
+        ]
+        samplers.append(FillSampler(True, LogitsProcessorList(processors), generator=torch.Generator()))
+        ids = torch.randint(0, vocab, (prompt_length + 6,), generator=g)
+        slots = [prompt_length, prompt_length + 2, prompt_length + 6]
+        parts.append(Contexts([ids], [0, 0, 0], slots))
+        blocks.append(torch.randn(3, vocab, generator=g))
+    assert len({sampler.batch_form[0] for sampler in samplers}) == 1
+    together = process(torch.cat(blocks), samplers, [3] * 4, Contexts.joined(parts))
+    expected = []
+    for sampler, block, contexts in zip(samplers, blocks, parts):
+        for n in range(3):
+            row = block[n : n + 1]
+            for processor in sampler.warpers:
+                row = processor(contexts[n][None], row)
+            bias, penalties, temperature = sampler.warpers
+            by_definition = OpenAIPenalties(penalties.prompt_length, penalties.presence, penalties.frequency)
+            defined = temperature(None, by_definition(contexts[n][None], bias(None, block[n : n + 1])))
+            torch.testing.assert_close(row, defined)
+            expected.append(row)
+    assert torch.equal(together, torch.cat(expected))

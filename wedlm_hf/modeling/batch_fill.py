@@ -11,6 +11,7 @@ mask, and only a grammar row, and a lossless row under a context-reading process
 import torch
 
 from .decoding_state import DecodingRow, Fill
+from .processor_contexts import Contexts
 from .sampler_batch import merged
 from .step_draws import chosen_distributions
 from .step_feed import open_masks
@@ -96,7 +97,7 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, groups: list[list[tuple
             wanted: dict[int, list[int]] = {}
             for b, c in keys:
                 wanted.setdefault(b, []).append(min(slots[b, c], rows[b].leading_run()))
-            contexts = [ids for b, ks in wanted.items() for ids in rows[b].contexts(ks, scores.device)]
+            contexts = Contexts.joined([rows[b].contexts(ks, scores.device) for b, ks in wanted.items()])
         probs = sampler.probabilities(block, contexts) if sampler.do_sample else None
         tokens = sampler.draw(probs) if sampler.do_sample else sampler(block, contexts)
         keep = probs is not None

@@ -12,6 +12,7 @@ import torch
 
 from .decoding_config import WeDLMDecodingConfig
 from .draft_windows import ContextWindow, DraftWindow
+from .processor_contexts import Contexts
 from .window_filling import FillSampler
 
 OWN_SOURCES = ("model", "constrained")  # a Fill's sources that are the model's own drafts (grammar-restricted or not)
@@ -217,14 +218,15 @@ class DecodingRow:
         except ValueError:
             return len(self.window)
 
-    def contexts(self, slots: list[int], device) -> list[torch.Tensor]:
+    def contexts(self, slots: list[int], device) -> Contexts:
         """For context-reading logits processors: the token ids before each window slot in `slots`, as AR `generate`
         hands them to its processors there (left padding, prompt, committed text, then the window's tokens before the
-        slot, all of which must be filled)."""
+        slot, all of which must be filled): prefixes of one tensor (`processor_contexts`)."""
         window = [slot.token for slot in self.window[: max(slots, default=0)]]
         committed = self._committed_ids(device)
         ids = torch.cat([committed, torch.tensor(window, dtype=torch.long, device=device)]) if window else committed
-        return [ids[: len(committed) + k] for k in slots]
+        length = len(self.padding) + len(self.prompt) + len(self.generated)
+        return Contexts([ids], [0] * len(slots), [length + k for k in slots])
 
     def _committed_ids(self, device) -> torch.Tensor:
         """Padding, prompt and committed text as one tensor, kept and grown as tokens commit (a long prompt is not

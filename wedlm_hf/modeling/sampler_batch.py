@@ -11,15 +11,28 @@ PyTorch computes it on that device: on CUDA a division by a Python number is a p
 sampler that can be batched is always processed this way, alone too, so that its row draws the same tokens alone
 and in any batch. A sampler without warpers (temperature 1, no truncation) is batched too: its rows are only drawn.
 
+A repetition penalty, which reads the context, is batched too: each position's context (`processor_contexts`) is
+one row of a right-padded block, and each row's penalty a tensor. A processor class of elsewhere (a server's logit
+bias or OpenAI penalties) joins by defining `process_rows(scores, processors, owners, ids)`: the scores of rows
+whose processors are `processors[owners[r]]`, processed at once (`ids`: the padded contexts, where it reads them).
+
 Samplers without a generator of their own draw from the global stream in the order they are met, so they are
-never merged; neither are samplers with a processor that reads the context or that this module has no batch
-form of (a penalty, a bias, typical-p): those process as before, each on its own. Merging keeps each sampler's
-draws in order, not the order between samplers: samplers that share one generator object draw in the batches'
-order (nothing here makes such samplers: a server gives each choice a generator of its own).
+never merged; neither are samplers with a processor that this module has no batch form of (a bad-words ban, a
+minimum length, typical-p): those process as before, each on its own. Merging keeps each sampler's draws in order,
+not the order between samplers: samplers that share one generator object draw in the batches' order (nothing here
+makes such samplers: a server gives each choice a generator of its own).
 """
 
 import torch
-from transformers.generation import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from .processor_contexts import Contexts
 
 # Each warper's per-row setting, read once when its sampler is made.
 SETTINGS = {
@@ -27,6 +40,7 @@ SETTINGS = {
     TopKLogitsWarper: "top_k",
     TopPLogitsWarper: "top_p",
     MinPLogitsWarper: "min_p",
+    RepetitionPenaltyLogitsProcessor: "penalty",
 }
 
 
@@ -40,7 +54,13 @@ def batch_form(sampler) -> tuple[tuple, tuple] | None:
     kinds, settings = [], []
     for warper in sampler.warpers:
         kind = type(warper)
+        if hasattr(kind, "process_rows"):  # a batch form of its own: its instance is its setting
+            kinds.append((kind, None))
+            settings.append(warper)
+            continue
         if kind not in SETTINGS or getattr(warper, "filter_value", -float("inf")) != -float("inf"):
+            return None
+        if isinstance(getattr(warper, "prompt_ignore_length", None), torch.Tensor):  # state shaped for one batch
             return None
         kinds.append((kind, _apart(warper)))
         settings.append(getattr(warper, SETTINGS[kind]))
@@ -53,21 +73,31 @@ def _apart(warper) -> int | None:
     so a request asking for a large k (the whole vocabulary) does not make every other row's top-k cost as much."""
     if isinstance(warper, TopKLogitsWarper):
         return warper.top_k.bit_length()
+    if isinstance(warper, RepetitionPenaltyLogitsProcessor):  # the context's first tokens it leaves out, if any
+        return warper.prompt_ignore_length
     return warper.min_tokens_to_keep if isinstance(warper, (TopPLogitsWarper, MinPLogitsWarper)) else None
 
 
-def process(scores: torch.Tensor, samplers: list, counts: list[int]) -> torch.Tensor:
+def process(scores: torch.Tensor, samplers: list, counts: list[int], contexts: Contexts | None = None) -> torch.Tensor:
     """The warpers of `samplers` (all of one `batch_form` key) applied to float `scores`, whose first `counts[0]`
     rows are the first sampler's, the next `counts[1]` the second's, and so on: what each sampler's own warpers give
-    its rows (transformers' arithmetic, with each row's own setting as a tensor in place of a Python number). The
-    settings travel to the device without waiting for its queued work (`_on_device`), as the step's draws do."""
+    its rows (transformers' arithmetic, with each row's own setting as a tensor in place of a Python number);
+    `contexts`, each row's, where a warper reads them. The settings travel to the device without waiting for its
+    queued work (`_on_device`), as the step's draws do."""
     kinds, vocab = samplers[0].batch_form[0][0], scores.shape[-1]
+    ids = contexts.padded(vocab) if samplers[0].reads_context else None  # ids past the vocabulary: padding
     for j, (kind, keep) in enumerate(kinds):
         settings = [sampler.batch_form[1][j] for sampler in samplers]
+        if hasattr(kind, "process_rows"):
+            owners = _on_device([i for i, n in enumerate(counts) for _ in range(n)], torch.long, scores)[:, 0]
+            scores = kind.process_rows(scores, settings, owners, ids)
+            continue
         if kind is TopKLogitsWarper:
             settings = [min(k, vocab) for k in settings]
         values = [value for setting, n in zip(settings, counts) for value in [setting] * n]  # each row's: its sampler's
-        if kind is TemperatureLogitsWarper:
+        if kind is RepetitionPenaltyLogitsProcessor:
+            scores = _repetition_penalty(scores, values, ids if keep is None else ids[:, keep:])
+        elif kind is TemperatureLogitsWarper:
             scores = _temperature(scores, values)
         elif kind is TopKLogitsWarper:
             scores = _top_k(scores, values, max(settings))
@@ -92,6 +122,23 @@ def _temperature(scores: torch.Tensor, temperatures: list[float]) -> torch.Tenso
     if scores.device.type == "cuda":
         return scores * (1.0 / values).to(scores.device, non_blocking=True)
     return scores / values.to(scores.device, non_blocking=True)
+
+
+def _repetition_penalty(scores: torch.Tensor, penalties: list[float], ids: torch.Tensor) -> torch.Tensor:
+    """Each row's scores at the tokens of its context (`ids`, padded with ids past the vocabulary, which land in a
+    column dropped after, as transformers drops them) multiplied by its penalty where negative, else divided by it
+    (on CUDA a division by a Python number is a product with its reciprocal, as in `_temperature`)."""
+    vocab = scores.shape[-1]
+    ids = ids.clamp(max=vocab)
+    padded = torch.nn.functional.pad(scores, (0, 1))
+    score = padded.gather(1, ids)
+    values = torch.tensor(penalties, dtype=torch.float32)[:, None]
+    penalty = values.to(scores.device, non_blocking=True)
+    if scores.device.type == "cuda":
+        divided = score * (1.0 / values).to(scores.device, non_blocking=True)
+    else:
+        divided = score / penalty
+    return padded.scatter(1, ids, torch.where(score < 0, score * penalty, divided))[..., :vocab]
 
 
 def _top_k(scores: torch.Tensor, ks: list[int], largest_k: int) -> torch.Tensor:
@@ -126,13 +173,17 @@ class SamplerBatch:
     from its own generator, in the order and shapes that sampler alone would draw them."""
 
     do_sample = own_choice = True
-    reads_context = False
 
     def __init__(self, samplers: list, counts: list[int]):
         self.samplers, self.counts = samplers, counts
 
+    @property
+    def reads_context(self) -> bool:
+        return self.samplers[0].reads_context
+
     def probabilities(self, logits: torch.Tensor, contexts=None) -> torch.Tensor:
-        return torch.softmax(process(logits.float(), self.samplers, self.counts), dim=-1)
+        contexts = Contexts.of(contexts) if self.reads_context else None
+        return torch.softmax(process(logits.float(), self.samplers, self.counts, contexts), dim=-1)
 
     def draw(self, probabilities: torch.Tensor) -> torch.Tensor:
         noise = torch.empty_like(probabilities)

@@ -13,12 +13,14 @@ from transformers.generation import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
     MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
     TypicalLogitsWarper,
 )
 
+from .processor_contexts import Contexts
 from .sampler_batch import batch_form, process
 
 
@@ -83,6 +85,17 @@ def reads_context(processor) -> bool:
     return not isinstance(processor, SCORE_ONLY_PROCESSORS) and getattr(processor, "reads_input_ids", True)
 
 
+def ignores_padding(processor) -> bool:
+    """Whether a context-reading processor gives each row what it gives that row alone when its `input_ids` are
+    right-padded with the vocabulary size: transformers' repetition penalty, which maps ids past the vocabulary to a
+    column it drops (not with a per-row `prompt_ignore_length`, state shaped for one batch), or a processor that
+    declares `ignores_ids_past_vocabulary = True`. The positions of a window, each with a context one token longer
+    than the last, are then processed as one block, not one length at a time."""
+    if isinstance(processor, RepetitionPenaltyLogitsProcessor):
+        return not isinstance(processor.prompt_ignore_length, torch.Tensor)
+    return getattr(processor, "ignores_ids_past_vocabulary", False)
+
+
 def sampling_processors(model, config, input_ids, attention_mask=None, logits_processor=None) -> LogitsProcessorList:
     """The logits processors AR `generate` builds for a generation `config` on these prompts, the caller's own
     `logits_processor` merged in as generate merges them: what `generate(strategy="wedlm")` and the server sample
@@ -103,9 +116,11 @@ class FillSampler:
     The same sampler draws the fills of masked slots and, in lossless decoding, the model's own AR tokens; the
     optional `generator` makes one row's draws independent of the others' (a server's per-request `seed`). Where a
     processor reads the context (`reads_context`), each logits row is processed with its own token ids before it,
-    as AR `generate` would process that position (`contexts`: one 1-D LongTensor per row), rows of one length
-    together unless the processors hold per-row state (`row_state`: built for a batch of one, as transformers builds
-    a repetition penalty for a padded row); score-only processors take the whole block at once. A sampler with a
+    as AR `generate` would process that position (`contexts`: one 1-D LongTensor per row): every row at once, the
+    contexts right-padded, where each processor that reads them ignores padding (`ignores_padding`: a repetition
+    penalty); otherwise rows of one length together unless the processors hold per-row state (`row_state`: built
+    for a batch of one, as transformers builds a repetition penalty for a padded row). Score-only processors take
+    the whole block at once. A sampler with a
     generator of its own and only the common warpers processes as a batch of rows does (`sampler_batch`), alone or
     with others.
     """
@@ -128,7 +143,9 @@ class FillSampler:
                     "does without extra keyword arguments. Pass processors whose __call__ takes (input_ids, scores)."
                 )
         self.generator = generator
-        self.reads_context = any(reads_context(p) for p in self.warpers)
+        readers = [p for p in self.warpers if reads_context(p)]
+        self.reads_context = bool(readers)
+        self.padded_contexts = self.reads_context and all(map(ignores_padding, readers))
         self.row_state = row_state
         self.batch_form = batch_form(self)  # (what samplers it processes with, its settings): `sampler_batch`
 
@@ -137,14 +154,20 @@ class FillSampler:
         """Whether its choice is more than the plain argmax: a draw, or processors that change it."""
         return self.do_sample or bool(self.warpers)
 
-    def scores(self, logits: torch.Tensor, contexts: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """The processed float logits (N, vocab): `contexts` (one per row) are needed where `reads_context`."""
+    def scores(self, logits: torch.Tensor, contexts=None) -> torch.Tensor:
+        """The processed float logits (N, vocab): `contexts` (one per row: `Contexts`, or a list of tensors) are
+        needed where `reads_context`."""
         logits = logits.float()
+        if self.reads_context and (contexts is None or len(contexts) != logits.shape[0]):
+            raise RuntimeError("A context-reading logits processor got no context: this is a bug in wedlm_hf.")
+        if self.batch_form is not None:  # as it processes with others (`sampler_batch`), alone too
+            return process(logits, [self], [logits.shape[0]], Contexts.of(contexts) if self.reads_context else None)
         if not self.reads_context:
             no_context = torch.empty((logits.shape[0], 0), dtype=torch.long, device=logits.device)
             return self._process(no_context, logits)
-        if contexts is None or len(contexts) != logits.shape[0]:
-            raise RuntimeError("A context-reading logits processor got no context: this is a bug in wedlm_hf.")
+        if self.padded_contexts:  # one block: each row's context, then ids past the vocabulary, which they ignore
+            ids = Contexts.of(contexts).padded(logits.shape[-1])
+            return self._process(ids, logits.clone())  # a copy: the processors may write in place
         if self.row_state:
             return torch.cat([self._process(c[None], logits[n : n + 1].clone()) for n, c in enumerate(contexts)])
         by_length: dict[int, list[int]] = {}
@@ -159,10 +182,7 @@ class FillSampler:
     def _process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """The processors in turn, as `LogitsProcessorList.__call__` applies them, without the `inspect.signature`
         of every processor it takes at every call (about 20 us each; a server samples each request with its own
-        sampler, so that was per row, per processor, several times a step): checked once, when the sampler is made.
-        A sampler that processes with others (`batch_form`) processes alone the same way."""
-        if self.batch_form is not None:
-            return process(scores, [self], [scores.shape[0]])
+        sampler, so that was per row, per processor, several times a step): checked once, when the sampler is made."""
         for processor in self.warpers:
             scores = processor(input_ids, scores)
         return scores

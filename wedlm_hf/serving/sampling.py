@@ -33,19 +33,42 @@ class LogitBias(LogitsProcessor):
     def __call__(self, input_ids, scores):
         return scores + self.vector[: scores.shape[-1]].to(scores.dtype)
 
+    @staticmethod
+    def process_rows(scores, processors: list["LogitBias"], owners, ids=None):
+        """The rows of several requests' biases at once (row r: `processors[owners[r]]`'s), as each adds its own."""
+        vectors = torch.stack([processor.vector[: scores.shape[-1]] for processor in processors])
+        return scores + vectors.to(scores.dtype)[owners]
+
 
 class CompletionPenalties(LogitsProcessor):
     """OpenAI's `presence_penalty` and `frequency_penalty`: for each token of the vocabulary, counted over the
     completion so far (the tokens after `prompt_length`; the prompt is not counted, as OpenAI defines them),
-    logit -= frequency_penalty * count + presence_penalty * (count > 0)."""
+    logit -= frequency_penalty * count + presence_penalty * (count > 0). Ids past the vocabulary are not counted:
+    the decoder pads the contexts of a window's positions with them to process the positions as one block."""
+
+    ignores_ids_past_vocabulary = True
 
     def __init__(self, prompt_length: int, presence: float, frequency: float):
         self.prompt_length, self.presence, self.frequency = prompt_length, presence, frequency
 
     def __call__(self, input_ids, scores):
-        completion = input_ids[:, self.prompt_length :]
-        counts = torch.zeros_like(scores).scatter_add_(1, completion, torch.ones_like(completion, dtype=scores.dtype))
+        completion = input_ids[:, self.prompt_length :].clamp(max=scores.shape[-1])  # padding: the column dropped
+        counts = scores.new_zeros(scores.shape[0], scores.shape[-1] + 1)
+        counts = counts.scatter_add_(1, completion, torch.ones_like(completion, dtype=scores.dtype))[:, :-1]
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+    @staticmethod
+    def process_rows(scores, processors: list["CompletionPenalties"], owners, ids):
+        """The rows of several requests' penalties at once (row r: `processors[owners[r]]`'s, its context `ids[r]`
+        padded with ids past the vocabulary), as each computes its own."""
+        settings = torch.tensor([[p.prompt_length, p.frequency, p.presence] for p in processors], dtype=torch.float64)
+        lengths, frequency, presence = settings.to(scores.device, non_blocking=True)[owners].unbind(1)
+        prompt = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]  # the prompt is not counted
+        completion = ids.clamp(max=scores.shape[-1]).masked_fill(prompt, scores.shape[-1])
+        counts = scores.new_zeros(scores.shape[0], scores.shape[-1] + 1)
+        counts = counts.scatter_add_(1, completion, torch.ones_like(completion, dtype=scores.dtype))[:, :-1]
+        frequency, presence = frequency[:, None].to(scores.dtype), presence[:, None].to(scores.dtype)
+        return scores - frequency * counts - presence * (counts > 0).to(scores.dtype)
 
 
 def choice_sampler(model, request, defaults: GenerationConfig, index: int, prompt: list[int]) -> FillSampler:

@@ -1,0 +1,1 @@
+../modeling/processor_contexts.py
