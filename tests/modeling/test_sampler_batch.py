@@ -3,7 +3,7 @@ row what its own sampler gives it alone: transformers' warpers' values, and its 
 
 import pytest
 import torch
-from conftest import EOS_ID, MASK_ID, build_model
+from conftest import EOS_ID, MASK_ID, build_model, prompts
 from transformers import (
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -16,6 +16,7 @@ from transformers import (
 )
 
 import wedlm_hf.modeling.sampler_batch as sampler_batch
+import wedlm_hf.modeling.window_filling as window_filling
 from wedlm_hf.modeling.decoding_state import DecodingSettings
 from wedlm_hf.modeling.processor_contexts import Contexts
 from wedlm_hf.modeling.sampler_batch import SamplerBatch, batch_form, merged, process
@@ -81,7 +82,7 @@ def test_a_batch_of_samplers_gives_each_row_its_own_warpers_values(kinds, vocab)
         assert torch.equal(together, torch.cat([s.scores(r) for s, r in zip(same, rows)]))
 
 
-@pytest.mark.parametrize("ignore", [None, 0, 3], ids=["whole-context", "ignore-0", "ignore-3"])
+@pytest.mark.parametrize("ignore", [None, 0, 3, "rows"], ids=["whole-context", "ignore-0", "ignore-3", "per-row"])
 def test_a_batch_of_repetition_penalties_gives_each_position_its_own_contexts_values(ignore):
     """Positions of several rows (each context a prefix of its row's ids: the committed text and the window before
     the slot), each row with its own penalty and warpers after it, processed as one padded block: each position
@@ -92,7 +93,8 @@ def test_a_batch_of_repetition_penalties_gives_each_position_its_own_contexts_va
         samplers, blocks, parts = [], [], []
         for s in range(4):
             penalty = 0.5 + 1.5 * float(torch.rand((), generator=g))
-            warpers = [RepetitionPenaltyLogitsProcessor(penalty, ignore), *warpers_of("tk", g, vocab)]
+            left_out = torch.tensor([s + trial % 3]) if ignore == "rows" else ignore  # a padded prompt's, in generate
+            warpers = [RepetitionPenaltyLogitsProcessor(penalty, left_out), *warpers_of("tk", g, vocab)]
             if trial % 2:  # one batch: top-k within a factor of two of the first's
                 warpers[2].top_k = 8 + s
             samplers.append(own(warpers, seed=s))
@@ -154,10 +156,13 @@ def test_only_samplers_of_their_own_with_the_common_warpers_are_batched():
     assert batch_form(own(common))[0] == batch_form(own([TemperatureLogitsWarper(1.3), TopKLogitsWarper(7)]))[0]
     assert batch_form(own(common))[0] != batch_form(own(common[::-1]))[0]  # another order, another batch
     assert batch_form(FillSampler(True, LogitsProcessorList(common))) is None  # the global stream
-    assert batch_form(FillSampler(False, LogitsProcessorList(common), generator=torch.Generator())) is None  # greedy
+    greedy = batch_form(FillSampler(False, LogitsProcessorList(common), generator=torch.Generator()))
+    assert greedy[0] == batch_form(FillSampler(False, LogitsProcessorList(common)))[0] != common_key(common)
+    assert batch_form(FillSampler(False)) is None  # the plain argmax: nothing to process
     penalised = batch_form(own([RepetitionPenaltyLogitsProcessor(1.2), *common]))
     assert penalised[0] == batch_form(own([RepetitionPenaltyLogitsProcessor(1.5), *common]))[0] != common_key(common)
-    assert penalised[0] != batch_form(own([RepetitionPenaltyLogitsProcessor(1.2, 3), *common]))[0]  # leaves 3 out
+    left_out = batch_form(own([RepetitionPenaltyLogitsProcessor(1.2, torch.tensor([3])), *common]))  # one row's
+    assert left_out[0] == penalised[0] and left_out[1][0] == (1.2, 3) and penalised[1][0] == (1.2, 0)
     per_row = RepetitionPenaltyLogitsProcessor(1.2, torch.tensor([2, 0]))  # state shaped for a batch of two
     assert batch_form(own([per_row])) is None
     assert batch_form(own([NoRepeatNGramLogitsProcessor(2)])) is None  # reads the context, no batch form here
@@ -216,3 +221,24 @@ def test_the_decoder_processes_rows_with_samplers_of_their_own_as_one_batch(monk
     together = decode(range(8))
     assert max(sizes) == 4 and 3 in sizes  # rows 0 to 3 together, the penalised ones together
     assert together == [decode([s])[0] for s in range(8)]
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
+def test_greedy_rows_with_penalties_of_their_own_are_processed_as_one_batch(monkeypatch, lossless):
+    """`generate` with a repetition penalty gives each padded prompt a greedy sampler of its own: they process as
+    one batch, each row's text what it is where each sampler processes alone (and, lossless, AR's)."""
+    model = build_model(seed=3)
+    ids, mask = prompts(3, lengths=(7, 11, 5))
+    kwargs = dict(attention_mask=mask, max_new_tokens=20, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+    kwargs |= dict(strategy="wedlm", wedlm_lossless=lossless, repetition_penalty=1.6)
+    sizes = []
+    real = sampler_batch.process
+    monkeypatch.setattr(sampler_batch, "process", lambda s, ss, cs, c=None: sizes.append(len(ss)) or real(s, ss, cs, c))
+    together = model.generate(ids, **kwargs)
+    assert max(sizes) == 3
+    monkeypatch.setattr(window_filling, "batch_form", lambda sampler: None)  # each sampler on its own
+    assert torch.equal(model.generate(ids, **kwargs), together)
+    if lossless:
+        plain = {k: v for k, v in kwargs.items() if k not in ("strategy", "wedlm_lossless")}
+        ar = model.generate(ids, do_sample=False, **plain)
+        assert torch.equal(together, ar)

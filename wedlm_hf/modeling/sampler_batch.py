@@ -11,10 +11,12 @@ PyTorch computes it on that device: on CUDA a division by a Python number is a p
 sampler that can be batched is always processed this way, alone too, so that its row draws the same tokens alone
 and in any batch. A sampler without warpers (temperature 1, no truncation) is batched too: its rows are only drawn.
 
-A repetition penalty, which reads the context, is batched too: each position's context (`processor_contexts`) is
-one row of a right-padded block, and each row's penalty a tensor. A processor class of elsewhere (a server's logit
-bias or OpenAI penalties) joins by defining `process_rows(scores, processors, owners, ids)`: the scores of rows
-whose processors are `processors[owners[r]]`, processed at once (`ids`: the padded contexts, where it reads them).
+Greedy samplers with processors (`generate`'s repetition penalty, a server's greedy request with a logit bias) are
+batched as well: they draw nothing, so any of them process together. A repetition penalty, which reads the context,
+is batched too: each position's context (`processor_contexts`) is one row of a right-padded block, and each row's
+penalty a tensor. A processor class of elsewhere (a server's logit bias or OpenAI penalties) joins by defining
+`process_rows(scores, processors, owners, ids)`: the scores of rows whose processors are `processors[owners[r]]`,
+processed at once (`ids`: the padded contexts, past the vocabulary where they end, where it reads them).
 
 Samplers without a generator of their own draw from the global stream in the order they are met, so they are
 never merged; neither are samplers with a processor that this module has no batch form of (a bad-words ban, a
@@ -46,10 +48,12 @@ SETTINGS = {
 
 def batch_form(sampler) -> tuple[tuple, tuple] | None:
     """(the key samplers share to be processed together, the sampler's own settings in its warpers' order), or None
-    where the sampler processes on its own: greedy, drawing from the global stream, or with a warper that has no
-    batch form here or that removes tokens to something other than -inf. The key holds each warper's kind and what
-    keeps batches apart (`_apart`); the settings, its temperature, top-k, top-p or min-p."""
-    if not sampler.do_sample or sampler.generator is None:
+    where the sampler processes on its own: drawing from the global stream, the plain argmax (nothing to process),
+    or with a processor that has no batch form here or that removes tokens to something other than -inf. The key
+    holds each processor's kind and what keeps batches apart (`_apart`), and the stream the sampler draws from
+    ("greedy": none, so greedy samplers batch with each other whatever their generators); the settings, its
+    temperature, top-k, top-p, min-p or penalty (a processor with `process_rows`: itself)."""
+    if (sampler.do_sample and sampler.generator is None) or not sampler.own_choice:
         return None
     kinds, settings = [], []
     for warper in sampler.warpers:
@@ -60,11 +64,16 @@ def batch_form(sampler) -> tuple[tuple, tuple] | None:
             continue
         if kind not in SETTINGS or getattr(warper, "filter_value", -float("inf")) != -float("inf"):
             return None
-        if isinstance(getattr(warper, "prompt_ignore_length", None), torch.Tensor):  # state shaped for one batch
-            return None
+        setting = getattr(warper, SETTINGS[kind])
+        if kind is RepetitionPenaltyLogitsProcessor:  # with the context's first ids it leaves out (padding)
+            ignored = warper.prompt_ignore_length
+            if isinstance(ignored, torch.Tensor) and ignored.numel() != 1:  # state shaped for a batch of several
+                return None
+            setting = (setting, int(ignored or 0))
         kinds.append((kind, _apart(warper)))
-        settings.append(getattr(warper, SETTINGS[kind]))
-    return (tuple(kinds), str(sampler.generator.device)), tuple(settings)
+        settings.append(setting)
+    stream = str(sampler.generator.device) if sampler.do_sample else "greedy"  # greedy ones draw nothing
+    return (tuple(kinds), stream), tuple(settings)
 
 
 def _apart(warper) -> int | None:
@@ -73,8 +82,6 @@ def _apart(warper) -> int | None:
     so a request asking for a large k (the whole vocabulary) does not make every other row's top-k cost as much."""
     if isinstance(warper, TopKLogitsWarper):
         return warper.top_k.bit_length()
-    if isinstance(warper, RepetitionPenaltyLogitsProcessor):  # the context's first tokens it leaves out, if any
-        return warper.prompt_ignore_length
     return warper.min_tokens_to_keep if isinstance(warper, (TopPLogitsWarper, MinPLogitsWarper)) else None
 
 
@@ -96,7 +103,7 @@ def process(scores: torch.Tensor, samplers: list, counts: list[int], contexts: C
             settings = [min(k, vocab) for k in settings]
         values = [value for setting, n in zip(settings, counts) for value in [setting] * n]  # each row's: its sampler's
         if kind is RepetitionPenaltyLogitsProcessor:
-            scores = _repetition_penalty(scores, values, ids if keep is None else ids[:, keep:])
+            scores = _repetition_penalty(scores, values, ids)
         elif kind is TemperatureLogitsWarper:
             scores = _temperature(scores, values)
         elif kind is TopKLogitsWarper:
@@ -124,11 +131,16 @@ def _temperature(scores: torch.Tensor, temperatures: list[float]) -> torch.Tenso
     return scores / values.to(scores.device, non_blocking=True)
 
 
-def _repetition_penalty(scores: torch.Tensor, penalties: list[float], ids: torch.Tensor) -> torch.Tensor:
+def _repetition_penalty(scores: torch.Tensor, settings: list[tuple[float, int]], ids: torch.Tensor) -> torch.Tensor:
     """Each row's scores at the tokens of its context (`ids`, padded with ids past the vocabulary, which land in a
-    column dropped after, as transformers drops them) multiplied by its penalty where negative, else divided by it
-    (on CUDA a division by a Python number is a product with its reciprocal, as in `_temperature`)."""
+    column dropped after, as transformers drops them) past the first ones it leaves out, multiplied by its penalty
+    where negative, else divided by it (`settings`: each row's penalty and how many ids it leaves out; on CUDA a
+    division by a Python number is a product with its reciprocal, as in `_temperature`)."""
     vocab = scores.shape[-1]
+    penalties, ignored = zip(*settings)
+    if any(ignored):  # what transformers leaves out (a prompt's padding) is not counted: the dropped column
+        left_out = torch.arange(ids.shape[1], device=ids.device) < _on_device(list(ignored), torch.long, ids)
+        ids = ids.masked_fill(left_out, vocab)
     ids = ids.clamp(max=vocab)
     padded = torch.nn.functional.pad(scores, (0, 1))
     score = padded.gather(1, ids)
@@ -172,14 +184,23 @@ class SamplerBatch:
     `counts[i]` consecutive rows of the logits it is given. It draws as `FillSampler` draws, each sampler's rows
     from its own generator, in the order and shapes that sampler alone would draw them."""
 
-    do_sample = own_choice = True
+    own_choice = True
 
     def __init__(self, samplers: list, counts: list[int]):
         self.samplers, self.counts = samplers, counts
 
     @property
+    def do_sample(self) -> bool:
+        return self.samplers[0].do_sample
+
+    @property
     def reads_context(self) -> bool:
         return self.samplers[0].reads_context
+
+    def __call__(self, logits: torch.Tensor, contexts=None) -> torch.Tensor:
+        """Greedy samplers: each row's argmax after its processors (taken as `window_filling.greedy` takes it)."""
+        contexts = Contexts.of(contexts) if self.reads_context else None
+        return process(logits.float(), self.samplers, self.counts, contexts).max(dim=-1).indices
 
     def probabilities(self, logits: torch.Tensor, contexts=None) -> torch.Tensor:
         contexts = Contexts.of(contexts) if self.reads_context else None
