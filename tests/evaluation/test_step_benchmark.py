@@ -4,6 +4,7 @@ import math
 
 import torch
 
+import wedlm_hf.modeling.window_filling as window_filling
 from wedlm_hf.cli import build_parser
 from wedlm_hf.evaluation.lookup_benchmark import SERVER_NGRAM
 from wedlm_hf.evaluation.step_benchmark import HostReads, run_step_benchmark, step_model
@@ -81,6 +82,7 @@ def test_every_cell_is_measured_and_reported():
         "WeDLM lossless",
         "WeDLM sampled",
         "WeDLM sampled, a sampler a row",  # as a server samples: each row its own sampler, so its own draws
+        "WeDLM sampled, a sampler and a penalty a row",  # ... each with a repetition penalty, which reads the context
     }
     assert counts[2]["WeDLM sampled, a sampler a row"][1] > counts[2]["WeDLM sampled"][1]
     assert counts[2]["AR generate"] == counts[1]["AR generate"]
@@ -102,3 +104,20 @@ def test_torch_operators_per_step_do_not_grow_with_the_batch():
     for mode in lengths:
         added = (counts[24][mode][1] - counts[8][mode][1]) / 16
         assert added <= TARGET_OPS, (mode, added)
+
+
+def test_rows_with_penalties_of_their_own_cost_fewer_operators_batched_than_each_alone(monkeypatch):
+    """Rows that each sample with a repetition penalty of their own (it reads the context) process as one batch
+    (`sampler_batch`): each added row costs fewer torch operators than where every sampler processes alone."""
+    model, g = step_model(), torch.Generator().manual_seed(0)
+    mode = "WeDLM sampled, a sampler and a penalty a row"
+    prompts = {batch: torch.randint(0, 511, (batch, 8), generator=g) for batch in (2, 6)}
+
+    def ops_per_added_row() -> float:
+        counts = {batch: per_step_counts(model, ids, 8, {mode: (32, 16)})[mode][1] for batch, ids in prompts.items()}
+        return (counts[6] - counts[2]) / 4
+
+    batched = ops_per_added_row()
+    monkeypatch.setattr(window_filling, "batch_form", lambda sampler: None)
+    alone = ops_per_added_row()
+    assert batched < alone / 4, (batched, alone)

@@ -7,14 +7,21 @@ forced acceptance (every mask filled each step, no eos) under `cProfile` (Python
 (torch operators); the difference divided by the difference in forwards is one step's, without the prefill and the
 set-up. AR is transformers' `generate`; WeDLM runs each mode bench-step reads host reads for (default, lossless,
 seeded sampling), with the draws made after the read, as on a CPU, and sampling as `wedlm-hf serve` samples: each
-row (request) with a sampler and generator of its own, through the decoder (`generate` shares one sampler).
+row (request) with a sampler and generator of its own, through the decoder (`generate` shares one sampler), also
+with a repetition penalty each (a processor that reads the context, as a checkpoint's default penalty makes every
+request's sampler).
 """
 
 import cProfile
 
 import torch
 from torch.overrides import TorchFunctionMode
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+from transformers import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 
 from ..modeling.decoding_state import DecodingSettings
 from ..modeling.streaming_decoder import StreamingDecoder
@@ -26,7 +33,9 @@ MODES = {
     "WeDLM default": dict(strategy="wedlm"),
     "WeDLM lossless": dict(strategy="wedlm", wedlm_lossless=True),
     "WeDLM sampled": dict(strategy="wedlm", do_sample=True, temperature=0.9, top_k=50),
-    "WeDLM sampled, a sampler a row": None,  # as a server samples its requests (`row_samplers`)
+    "WeDLM sampled, a sampler a row": 1.0,  # as a server samples its requests (`row_samplers`), no penalty
+    # ... with a repetition penalty each (a checkpoint's default one applies to every request)
+    "WeDLM sampled, a sampler and a penalty a row": 1.1,
 }
 
 
@@ -67,8 +76,8 @@ def per_step_counts(model, prompts: torch.Tensor, window: int, lengths: dict[str
 
         def run(tokens: int, mode=mode, settings=settings) -> int:
             torch.manual_seed(0)
-            if settings is None:
-                return row_samplers(model, prompts, window, tokens)
+            if isinstance(settings, float):  # a sampler a row, with this repetition penalty
+                return row_samplers(model, prompts, window, tokens, settings)
             if mode.startswith("AR"):
                 model.generate(prompts, max_new_tokens=tokens, min_new_tokens=tokens, **common, **settings)
                 return tokens
@@ -81,13 +90,16 @@ def per_step_counts(model, prompts: torch.Tensor, window: int, lengths: dict[str
     return out
 
 
-def row_samplers(model, prompts: torch.Tensor, window: int, tokens: int) -> int:
-    """`tokens` new tokens for each prompt at forced acceptance, sampled (temperature 0.9, top-k 50) with a sampler
-    and a seeded generator of each row's own, as `wedlm-hf serve` samples each request; returns the forwards."""
+def row_samplers(model, prompts: torch.Tensor, window: int, tokens: int, penalty: float = 1.0) -> int:
+    """`tokens` new tokens for each prompt at forced acceptance, sampled (temperature 0.9, top-k 50, a repetition
+    `penalty` where not 1) with a sampler and a seeded generator of each row's own, as `wedlm-hf serve` samples
+    each request; returns the forwards."""
     decoder = StreamingDecoder(model, model.config.mask_token_id)
     rows = []
     for b, prompt in enumerate(prompts.tolist()):
         warpers = LogitsProcessorList([TemperatureLogitsWarper(0.9), TopKLogitsWarper(50)])
+        if penalty != 1.0:
+            warpers.insert(0, RepetitionPenaltyLogitsProcessor(penalty))
         sampler = FillSampler(True, warpers, generator=torch.Generator(prompts.device).manual_seed(b))
         settings = DecodingSettings(tokens, window_size=window, entropy_threshold=1e9, sampler=sampler)
         rows.append(decoder.add(prompt, settings))
