@@ -71,3 +71,25 @@ def test_stop_string_inside_a_multi_byte_run(tokenizer):
     ids = tokenizer("abc 世界 def").input_ids
     pieces, text = stream(tokenizer, ids, stop=["界"])
     assert "".join(pieces) == "abc 世" and text.stopped
+
+
+def test_a_steps_tokens_decoded_together_release_what_they_release_one_by_one(tokenizer):
+    """A step's tokens are decoded at once (two tokenizer calls a step); each step releases the text it releases
+    fed token by token, multi-byte characters split over steps and stop strings included, and stops at the same
+    token."""
+    rng = random.Random(3)
+    source = "naïve café: 世界 😀 ok\n 100 105 110 115 120 def f(x):\n    return x\n"
+    for seed in range(40):
+        ids = tokenizer(source).input_ids + [rng.randrange(tokenizer.vocab_size) for _ in range(20)]
+        if seed % 2:
+            rng.shuffle(ids)
+        stop = [" 115", "界"] if seed % 3 else []
+        together, apart = IncrementalText(tokenizer, stop), IncrementalText(tokenizer, stop)
+        i = 0
+        while i < len(ids):
+            n = rng.randint(1, 6)
+            step = ids[i : i + n]
+            assert together.add(step) == "".join(apart.add([token]) for token in step), (seed, i)
+            i += n
+        assert together.flush() == apart.flush() and together.stop_tokens == apart.stop_tokens
+        assert together.tokens == apart.tokens

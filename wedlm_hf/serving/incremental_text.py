@@ -29,7 +29,12 @@ class IncrementalText:
         return self.stop_tokens is not None
 
     def add(self, token_ids: list[int]) -> str:
-        """Takes newly committed tokens; returns the text that can be released now (possibly "")."""
+        """Takes newly committed tokens; returns the text that can be released now (possibly ""). A step's tokens
+        are decoded together (two tokenizer calls a step, not two a token: a decoding step commits several); only
+        where their text ends inside a character or holds a stop string are they taken again one by one, which
+        finds the token that completes it."""
+        if self.stopped or (len(token_ids) > 1 and self._add_at_once(token_ids)):
+            return self._release(final=False)
         for token in token_ids:
             if self.stopped:
                 break
@@ -38,6 +43,21 @@ class IncrementalText:
             self.text += self._decode_new(final=False)
             self._check_stop(before)
         return self._release(final=False)
+
+    def _add_at_once(self, token_ids: list[int]) -> bool:
+        """Adds the tokens with one decode where their text is whole and holds no stop string; else leaves the
+        state as it was and returns False."""
+        state = (len(self.tokens), self.text, self._prefix_offset, self._read_offset)
+        self.tokens += token_ids
+        before = len(self.text)
+        self.text += self._decode_new(final=False)
+        self._check_stop(before)
+        if self._read_offset == len(self.tokens) and not self.stopped:
+            return True
+        count, self.text, self._prefix_offset, self._read_offset = state
+        del self.tokens[count:]
+        self.stop_tokens = None
+        return False
 
     def flush(self) -> str:
         """The row ended: the rest of the text, including a trailing incomplete character as U+FFFD."""

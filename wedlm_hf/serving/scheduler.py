@@ -414,16 +414,18 @@ class Scheduler:
     def _deliver(self, job: Job, choice: Choice) -> None:
         row = choice.row
         # Tokens the next step commits whatever happens are streamed now (not with log-probabilities: those of the
-        # tokens after the first come from the committing forward).
-        tokens = row.generated + (row.settled() if choice.logprobs is None else [])
-        text = choice.text.add(tokens[choice.sent :])
+        # tokens after the first come from the committing forward). Only the tokens after those sent are copied.
+        settled = row.settled() if choice.logprobs is None else []
+        committed = len(row.generated)
+        total = committed + len(settled)
+        text = choice.text.add(row.generated[choice.sent :] + settled[max(0, choice.sent - committed) :])
         if choice.text.stopped:  # the choice ends with the token that completes the stop string
-            tokens = tokens[: choice.text.stop_tokens]
-            if len(row.generated) >= choice.text.stop_tokens:
+            total = min(total, choice.text.stop_tokens)
+            if committed >= choice.text.stop_tokens:
                 self.decoder.finish(row, keep=choice.text.stop_tokens, reason="stop")
-        new_tokens = max(0, len(tokens) - choice.sent)
+        new_tokens = max(0, total - choice.sent)
         logprobs = None if choice.logprobs is None else self._logprobs(row, choice.sent, choice.logprobs)
-        choice.sent = max(choice.sent, len(tokens))
+        choice.sent = max(choice.sent, total)
         if row.done:
             text += choice.text.flush()
         if new_tokens or text:
