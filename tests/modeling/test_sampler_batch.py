@@ -165,6 +165,7 @@ def test_only_samplers_of_their_own_with_the_common_warpers_are_batched():
     assert left_out[0] == penalised[0] and left_out[1][0] == (1.2, 3) and penalised[1][0] == (1.2, 0)
     per_row = RepetitionPenaltyLogitsProcessor(1.2, torch.tensor([2, 0]))  # state shaped for a batch of two
     assert batch_form(own([per_row])) is None
+    assert batch_form(own([RepetitionPenaltyLogitsProcessor(1.2, 2.0)])) is None  # transformers leaves out none
     assert batch_form(own([NoRepeatNGramLogitsProcessor(2)])) is None  # reads the context, no batch form here
     assert batch_form(own([TypicalLogitsWarper(0.9)])) is None  # no batch form here
     assert batch_form(own([TopKLogitsWarper(5, filter_value=-1e4)])) is None

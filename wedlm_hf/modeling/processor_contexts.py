@@ -2,9 +2,13 @@
 
 AR `generate` hands its processors, at every position, the ids before it. At the masks and drafts of a window those
 are the row's committed text followed by the window's tokens before the slot: one tensor per row, and each position
-a prefix of it. Slicing a tensor per position costs an operator a position; a processor that ignores padding (a
-repetition penalty, `window_filling.ignores_padding`) takes every position at once as one right-padded block, built
-here from the rows' tensors in a fixed number of operators, whatever the positions and rows.
+a prefix of it. Slicing a tensor per position costs an operator a position; a processor that ignores padding
+(`window_filling.ignores_padding`) takes every position at once as one right-padded block (`padded`). Penalties
+batched over rows (`sampler_batch`) read the positions' contexts padded a group of similar lengths at a time (a
+repetition penalty: `similar_lengths`) or how often each token occurs in each (OpenAI's penalties: `counts`, each
+row's text counted once and each position's few tokens past the row's shortest context added), so that no block
+grows with positions times the longest context. Each takes a fixed number of operators, whatever the positions and
+rows (`similar_lengths`: a few groups).
 """
 
 import torch
@@ -43,12 +47,54 @@ class Contexts:
     def __iter__(self):
         return (self[n] for n in range(len(self)))
 
-    def padded(self, padding: int) -> torch.Tensor:
-        """(positions, longest) ids: each position's context, then `padding`. The rows' tensors padded once, a row
-        per position taken from them, and what lies past each position's length overwritten."""
+    def counts(self, vocab: int, dtype: torch.dtype, left_out: list[int] | None = None) -> torch.Tensor:
+        """(positions, vocab): how often each token occurs in each position's context, past its first
+        `left_out[n]` ids (none where None; a row's positions share it); ids past the vocabulary are not counted."""
+        if not self.lengths:
+            return torch.zeros((0, vocab), dtype=dtype)
+        device, owners, lengths = self.ids[0].device, self.owners, self.lengths
+        shortest, skipped = [-1] * len(self.ids), [0] * len(self.ids)  # per row; -1: no position reads it
+        for n, owner in enumerate(owners):
+            shortest[owner] = lengths[n] if shortest[owner] < 0 else min(shortest[owner], lengths[n])
+            skipped[owner] = 0 if left_out is None else left_out[n]
+        extra = max(length - shortest[owner] for owner, length in zip(owners, lengths))
+        where = [[shortest[owner], length, skipped[owner], owner] for owner, length in zip(owners, lengths)]
+        rows_at, where = torch.tensor([shortest, skipped]), torch.tensor(where).reshape(-1, 4)
+        rows_at, where = rows_at.to(device, non_blocking=True), where.to(device, non_blocking=True)
+        rows = torch.nn.utils.rnn.pad_sequence(self.ids, batch_first=True, padding_value=vocab).clamp(max=vocab)
+        column = torch.arange(rows.shape[1], device=device)
+        counted = (column < rows_at[0][:, None]) & (column >= rows_at[1][:, None])  # each row's text, once
+        per_row = torch.zeros(len(self.ids), vocab + 1, dtype=dtype, device=device)
+        per_row.scatter_add_(1, rows.masked_fill(~counted, vocab), torch.ones_like(rows, dtype=dtype))
+        out = per_row[where[:, 3]]
+        if extra:  # each position's ids past its row's shortest context: the window's tokens before its slot
+            index = where[:, :1] + torch.arange(extra, device=device)
+            outside = (index >= where[:, 1:2]) | (index < where[:, 2:3])
+            ids = rows[where[:, 3:], index.clamp(max=rows.shape[1] - 1)].masked_fill(outside, vocab)
+            out.scatter_add_(1, ids, torch.ones_like(ids, dtype=dtype))
+        return out[:, :vocab]
+
+    def padded(self, padding: int, positions: list[int] | None = None, left_out: list[int] | None = None):
+        """(positions, longest) ids: each position's context, then `padding` (also in place of its first
+        `left_out[n]` ids, where given); `positions`: some of them only. The rows' tensors padded once, a row per
+        position taken from them, and what lies past each position's length overwritten."""
+        positions = range(len(self.lengths)) if positions is None else positions
+        if not positions:
+            return torch.empty((0, 0), dtype=torch.long)
         device = self.ids[0].device
-        longest = max(self.lengths)
+        lengths = [self.lengths[n] for n in positions]
+        skipped = [0] * len(positions) if left_out is None else [left_out[n] for n in positions]
+        longest = max(lengths)
         rows = torch.nn.utils.rnn.pad_sequence(self.ids, batch_first=True, padding_value=padding)[:, :longest]
-        owners, lengths = torch.tensor([self.owners, self.lengths]).to(device, non_blocking=True)
-        past = torch.arange(longest, device=device) >= lengths[:, None]
-        return rows[owners].masked_fill_(past, padding)
+        where = torch.tensor([[self.owners[n] for n in positions], lengths, skipped]).to(device, non_blocking=True)
+        column = torch.arange(longest, device=device)
+        outside = (column >= where[1][:, None]) | (column < where[2][:, None])
+        return rows[where[0]].masked_fill_(outside, padding)
+
+    def similar_lengths(self) -> list[list[int]]:
+        """The positions grouped by context length, each group's lengths within a factor of two: padded a group at
+        a time, a long context does not make every short one as long."""
+        groups: dict[int, list[int]] = {}
+        for n, length in enumerate(self.lengths):
+            groups.setdefault(length.bit_length(), []).append(n)
+        return list(groups.values())

@@ -13,10 +13,11 @@ and in any batch. A sampler without warpers (temperature 1, no truncation) is ba
 
 Greedy samplers with processors (`generate`'s repetition penalty, a server's greedy request with a logit bias) are
 batched as well: they draw nothing, so any of them process together. A repetition penalty, which reads the context,
-is batched too: each position's context (`processor_contexts`) is one row of a right-padded block, and each row's
-penalty a tensor. A processor class of elsewhere (a server's logit bias or OpenAI penalties) joins by defining
-`process_rows(scores, processors, owners, ids)`: the scores of rows whose processors are `processors[owners[r]]`,
-processed at once (`ids`: the padded contexts, past the vocabulary where they end, where it reads them).
+is batched too: the positions' contexts are padded a group of similar lengths at a time (`processor_contexts`),
+and each row's penalty is a tensor. A processor class of elsewhere (a
+server's logit bias or OpenAI penalties) joins by defining `process_rows(scores, processors, owners, contexts)`: the
+scores of rows whose processors are `processors[owners[r]]` (a list), processed at once (`contexts`: each row's
+`Contexts`, where it reads them).
 
 Samplers without a generator of their own draw from the global stream in the order they are met, so they are
 never merged; neither are samplers with a processor that this module has no batch form of (a bad-words ban, a
@@ -67,9 +68,11 @@ def batch_form(sampler) -> tuple[tuple, tuple] | None:
         setting = getattr(warper, SETTINGS[kind])
         if kind is RepetitionPenaltyLogitsProcessor:  # with the context's first ids it leaves out (padding)
             ignored = warper.prompt_ignore_length
-            if isinstance(ignored, torch.Tensor) and ignored.numel() != 1:  # state shaped for a batch of several
-                return None
-            setting = (setting, int(ignored or 0))
+            if isinstance(ignored, torch.Tensor) and ignored.numel() == 1:  # a padded prompt's, in `generate`
+                ignored = int(ignored)
+            if not (ignored is None or type(ignored) is int):  # state shaped for a batch of several, or a value
+                return None  # transformers does not read as a count
+            setting = (setting, ignored or 0)
         kinds.append((kind, _apart(warper)))
         settings.append(setting)
     stream = str(sampler.generator.device) if sampler.do_sample else "greedy"  # greedy ones draw nothing
@@ -92,18 +95,17 @@ def process(scores: torch.Tensor, samplers: list, counts: list[int], contexts: C
     `contexts`, each row's, where a warper reads them. The settings travel to the device without waiting for its
     queued work (`_on_device`), as the step's draws do."""
     kinds, vocab = samplers[0].batch_form[0][0], scores.shape[-1]
-    ids = contexts.padded(vocab) if samplers[0].reads_context else None  # ids past the vocabulary: padding
     for j, (kind, keep) in enumerate(kinds):
         settings = [sampler.batch_form[1][j] for sampler in samplers]
         if hasattr(kind, "process_rows"):
-            owners = _on_device([i for i, n in enumerate(counts) for _ in range(n)], torch.long, scores)[:, 0]
-            scores = kind.process_rows(scores, settings, owners, ids)
+            owners = [i for i, n in enumerate(counts) for _ in range(n)]
+            scores = kind.process_rows(scores, settings, owners, contexts)
             continue
         if kind is TopKLogitsWarper:
             settings = [min(k, vocab) for k in settings]
         values = [value for setting, n in zip(settings, counts) for value in [setting] * n]  # each row's: its sampler's
         if kind is RepetitionPenaltyLogitsProcessor:
-            scores = _repetition_penalty(scores, values, ids)
+            scores = _repetition_penalty(scores, values, contexts)
         elif kind is TemperatureLogitsWarper:
             scores = _temperature(scores, values)
         elif kind is TopKLogitsWarper:
@@ -131,26 +133,29 @@ def _temperature(scores: torch.Tensor, temperatures: list[float]) -> torch.Tenso
     return scores / values.to(scores.device, non_blocking=True)
 
 
-def _repetition_penalty(scores: torch.Tensor, settings: list[tuple[float, int]], ids: torch.Tensor) -> torch.Tensor:
-    """Each row's scores at the tokens of its context (`ids`, padded with ids past the vocabulary, which land in a
-    column dropped after, as transformers drops them) past the first ones it leaves out, multiplied by its penalty
-    where negative, else divided by it (`settings`: each row's penalty and how many ids it leaves out; on CUDA a
-    division by a Python number is a product with its reciprocal, as in `_temperature`)."""
+def _repetition_penalty(scores: torch.Tensor, settings: list[tuple[float, int]], contexts: Contexts) -> torch.Tensor:
+    """Each row's scores at the tokens of its context (past the first ids it leaves out) multiplied by its penalty
+    where negative, else divided by it, as transformers gathers, penalises and scatters them back, ids past the
+    vocabulary into a column dropped after (`settings`: each row's penalty and how many ids it leaves out; the
+    contexts padded a group of similar lengths at a time; on CUDA a division by a Python number is a product with
+    its reciprocal, as in `_temperature`)."""
     vocab = scores.shape[-1]
-    penalties, ignored = zip(*settings)
-    if any(ignored):  # what transformers leaves out (a prompt's padding) is not counted: the dropped column
-        left_out = torch.arange(ids.shape[1], device=ids.device) < _on_device(list(ignored), torch.long, ids)
-        ids = ids.masked_fill(left_out, vocab)
-    ids = ids.clamp(max=vocab)
+    penalties, left_out = zip(*settings)
     padded = torch.nn.functional.pad(scores, (0, 1))
-    score = padded.gather(1, ids)
-    values = torch.tensor(penalties, dtype=torch.float32)[:, None]
-    penalty = values.to(scores.device, non_blocking=True)
-    if scores.device.type == "cuda":
-        divided = score * (1.0 / values).to(scores.device, non_blocking=True)
-    else:
-        divided = score / penalty
-    return padded.scatter(1, ids, torch.where(score < 0, score * penalty, divided))[..., :vocab]
+    flat = padded.view(-1)
+    for group in contexts.similar_lengths():
+        ids = contexts.padded(vocab, group, left_out).clamp(max=vocab)
+        rows = _on_device(group, torch.long, scores)
+        at = rows * (vocab + 1) + ids
+        score = flat[at]
+        values = torch.tensor([penalties[n] for n in group], dtype=torch.float32)[:, None]
+        penalty = values.to(scores.device, non_blocking=True)
+        if scores.device.type == "cuda":
+            divided = score * (1.0 / values).to(scores.device, non_blocking=True)
+        else:
+            divided = score / penalty
+        flat[at] = torch.where(score < 0, score * penalty, divided)
+    return padded[..., :vocab]
 
 
 def _top_k(scores: torch.Tensor, ks: list[int], largest_k: int) -> torch.Tensor:

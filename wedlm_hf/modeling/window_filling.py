@@ -91,7 +91,7 @@ def ignores_padding(processor) -> bool:
     column it drops (not with a per-row `prompt_ignore_length`, state shaped for one batch), or a processor that
     declares `ignores_ids_past_vocabulary = True`. The positions of a window, each with a context one token longer
     than the last, are then processed as one block, not one length at a time."""
-    if isinstance(processor, RepetitionPenaltyLogitsProcessor):
+    if type(processor) is RepetitionPenaltyLogitsProcessor:  # not a subclass, which may read ids otherwise
         return not isinstance(processor.prompt_ignore_length, torch.Tensor)
     return getattr(processor, "ignores_ids_past_vocabulary", False)
 

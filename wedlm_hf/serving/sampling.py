@@ -34,10 +34,10 @@ class LogitBias(LogitsProcessor):
         return scores + self.vector[: scores.shape[-1]].to(scores.dtype)
 
     @staticmethod
-    def process_rows(scores, processors: list["LogitBias"], owners, ids=None):
+    def process_rows(scores, processors: list["LogitBias"], owners: list[int], contexts=None):
         """The rows of several requests' biases at once (row r: `processors[owners[r]]`'s), as each adds its own."""
         vectors = torch.stack([processor.vector[: scores.shape[-1]] for processor in processors])
-        return scores + vectors.to(scores.dtype)[owners]
+        return scores + vectors.to(scores.dtype)[torch.tensor(owners).to(scores.device, non_blocking=True)]
 
 
 class CompletionPenalties(LogitsProcessor):
@@ -58,17 +58,15 @@ class CompletionPenalties(LogitsProcessor):
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
     @staticmethod
-    def process_rows(scores, processors: list["CompletionPenalties"], owners, ids):
-        """The rows of several requests' penalties at once (row r: `processors[owners[r]]`'s, its context `ids[r]`
-        padded with ids past the vocabulary), as each computes its own."""
-        settings = torch.tensor([[p.prompt_length, p.frequency, p.presence] for p in processors], dtype=torch.float64)
-        lengths, frequency, presence = settings.to(scores.device, non_blocking=True)[owners].unbind(1)
-        prompt = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]  # the prompt is not counted
-        completion = ids.clamp(max=scores.shape[-1]).masked_fill(prompt, scores.shape[-1])
-        counts = scores.new_zeros(scores.shape[0], scores.shape[-1] + 1)
-        counts = counts.scatter_add_(1, completion, torch.ones_like(completion, dtype=scores.dtype))[:, :-1]
-        frequency, presence = frequency[:, None].to(scores.dtype), presence[:, None].to(scores.dtype)
-        return scores - frequency * counts - presence * (counts > 0).to(scores.dtype)
+    def process_rows(scores, processors: list["CompletionPenalties"], owners: list[int], contexts):
+        """The rows of several requests' penalties at once (row r: `processors[owners[r]]`'s, its context
+        `contexts[r]`), as each computes its own."""
+        prompts = [processors[owner].prompt_length for owner in owners]
+        counts = contexts.counts(scores.shape[-1], scores.dtype, prompts)
+        settings = torch.tensor([[p.frequency, p.presence] for p in processors], dtype=torch.float64)
+        frequency, presence = settings.to(scores.device, non_blocking=True).to(scores.dtype).unbind(1)
+        at = torch.tensor(owners).to(scores.device, non_blocking=True)
+        return scores - frequency[at][:, None] * counts - presence[at][:, None] * (counts > 0).to(scores.dtype)
 
 
 def choice_sampler(model, request, defaults: GenerationConfig, index: int, prompt: list[int]) -> FillSampler:
