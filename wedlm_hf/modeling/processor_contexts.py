@@ -94,7 +94,10 @@ class Contexts:
     def similar_lengths(self) -> list[list[int]]:
         """The positions grouped by context length, each group's lengths within a factor of two: padded a group at
         a time, a long context does not make every short one as long."""
+        lengths = self.lengths
+        if not lengths or max(lengths) < 2 * min(lengths):  # one group (a batch in step: the common case)
+            return [list(range(len(lengths)))]
         groups: dict[int, list[int]] = {}
-        for n, length in enumerate(self.lengths):
+        for n, length in enumerate(lengths):
             groups.setdefault(length.bit_length(), []).append(n)
         return list(groups.values())
