@@ -166,6 +166,7 @@ def test_only_samplers_of_their_own_with_the_common_warpers_are_batched():
     per_row = RepetitionPenaltyLogitsProcessor(1.2, torch.tensor([2, 0]))  # state shaped for a batch of two
     assert batch_form(own([per_row])) is None
     assert batch_form(own([RepetitionPenaltyLogitsProcessor(1.2, 2.0)])) is None  # transformers leaves out none
+    assert batch_form(own([RepetitionPenaltyLogitsProcessor(1.2, torch.tensor([2.5]))])) is None  # leaves out 3
     assert batch_form(own([NoRepeatNGramLogitsProcessor(2)])) is None  # reads the context, no batch form here
     assert batch_form(own([TypicalLogitsWarper(0.9)])) is None  # no batch form here
     assert batch_form(own([TopKLogitsWarper(5, filter_value=-1e4)])) is None

@@ -93,3 +93,23 @@ def test_a_steps_tokens_decoded_together_release_what_they_release_one_by_one(to
             i += n
         assert together.flush() == apart.flush() and together.stop_tokens == apart.stop_tokens
         assert together.tokens == apart.tokens
+
+
+def test_a_byte_fallback_tokenizers_invalid_bytes_are_taken_one_by_one():
+    """Llama 2's byte-fallback decoding turns a whole run of byte tokens into U+FFFD when one byte is invalid: a
+    step whose text holds U+FFFD is taken token by token, so the valid character before the invalid byte is still
+    released (and a stop string on it still stops the row where it did)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"<0x{b:02X}>": b for b in range(256)} | {"A": 256}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    backend.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    step = [0xE4, 0xB8, 0x96, 0x80, 256]  # the bytes of 世, a stray continuation byte, then "A"
+    assert tokenizer.decode(step) == "\ufffd" * 4 + "A"  # the whole run, as the tokenizer decodes it at once
+    for stop in ([], ["世"]):
+        together, apart = IncrementalText(tokenizer, stop), IncrementalText(tokenizer, stop)
+        assert together.add(step) == "".join(apart.add([token]) for token in step)
+        assert together.flush() == apart.flush() and together.stop_tokens == apart.stop_tokens
+    assert together.stop_tokens == 3

@@ -68,8 +68,8 @@ def batch_form(sampler) -> tuple[tuple, tuple] | None:
         setting = getattr(warper, SETTINGS[kind])
         if kind is RepetitionPenaltyLogitsProcessor:  # with the context's first ids it leaves out (padding)
             ignored = warper.prompt_ignore_length
-            if isinstance(ignored, torch.Tensor) and ignored.numel() == 1:  # a padded prompt's, in `generate`
-                ignored = int(ignored)
+            if isinstance(ignored, torch.Tensor) and ignored.numel() == 1 and not ignored.is_floating_point():
+                ignored = int(ignored)  # a padded prompt's, in `generate`
             if not (ignored is None or type(ignored) is int):  # state shaped for a batch of several, or a value
                 return None  # transformers does not read as a count
             setting = (setting, ignored or 0)

@@ -31,8 +31,10 @@ class IncrementalText:
     def add(self, token_ids: list[int]) -> str:
         """Takes newly committed tokens; returns the text that can be released now (possibly ""). A step's tokens
         are decoded together (two tokenizer calls a step, not two a token: a decoding step commits several); only
-        where their text ends inside a character or holds a stop string are they taken again one by one, which
-        finds the token that completes it."""
+        where their text holds U+FFFD (a character not yet whole, or invalid bytes) or a stop string are they taken
+        again one by one, which finds the token that completes it. Each step releases what it would token by token,
+        but for how many U+FFFD stand for invalid bytes under a byte-fallback tokenizer (Llama 2's), which depends
+        on where a decode starts."""
         if self.stopped or (len(token_ids) > 1 and self._add_at_once(token_ids)):
             return self._release(final=False)
         for token in token_ids:
@@ -45,14 +47,16 @@ class IncrementalText:
         return self._release(final=False)
 
     def _add_at_once(self, token_ids: list[int]) -> bool:
-        """Adds the tokens with one decode where their text is whole and holds no stop string; else leaves the
-        state as it was and returns False."""
+        """Adds the tokens with one decode where their text is whole, with no U+FFFD in it (a byte-fallback
+        tokenizer turns a whole run of bytes into U+FFFD where one of them is invalid, which one by one would have
+        released the valid characters before it), and holds no stop string; else leaves the state as it was and
+        returns False."""
         state = (len(self.tokens), self.text, self._prefix_offset, self._read_offset)
         self.tokens += token_ids
         before = len(self.text)
         self.text += self._decode_new(final=False)
         self._check_stop(before)
-        if self._read_offset == len(self.tokens) and not self.stopped:
+        if self._read_offset == len(self.tokens) and not self.stopped and _INCOMPLETE not in self.text[before:]:
             return True
         count, self.text, self._prefix_offset, self._read_offset = state
         del self.tokens[count:]
