@@ -14,10 +14,9 @@ and in any batch. A sampler without warpers (temperature 1, no truncation) is ba
 Greedy samplers with processors (`generate`'s repetition penalty, a server's greedy request with a logit bias) are
 batched as well: they draw nothing, so any of them process together. A repetition penalty, which reads the context,
 is batched too: the positions' contexts are padded a group of similar lengths at a time (`processor_contexts`),
-and each row's penalty is a tensor. A processor class of elsewhere (a
-server's logit bias or OpenAI penalties) joins by defining `process_rows(scores, processors, owners, contexts)`: the
-scores of rows whose processors are `processors[owners[r]]` (a list), processed at once (`contexts`: each row's
-`Contexts`, where it reads them).
+and each row's penalty is a tensor. A processor class of elsewhere (a server's logit bias or OpenAI penalties)
+joins by defining `process_rows(scores, processors, owners, contexts)`: the scores of rows whose processors are
+`processors[owners[r]]` (a list), processed at once (`contexts`: each row's `Contexts`, where it reads them).
 
 Samplers without a generator of their own draw from the global stream in the order they are met, so they are
 never merged; neither are samplers with a processor that this module has no batch form of (a bad-words ban, a
