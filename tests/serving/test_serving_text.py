@@ -1,5 +1,6 @@
 """Incremental detokenisation and stop strings, on the shipped byte-level BPE tokenizer."""
 
+import copy
 import random
 
 import pytest
@@ -113,3 +114,22 @@ def test_a_byte_fallback_tokenizers_invalid_bytes_are_taken_one_by_one():
         assert together.add(step) == "".join(apart.add([token]) for token in step)
         assert together.flush() == apart.flush() and together.stop_tokens == apart.stop_tokens
     assert together.stop_tokens == 3
+
+
+def test_a_fast_tokenizer_is_decoded_by_its_backend_and_any_other_as_it_decodes(tokenizer):
+    """transformers' `decode` of a fast tokenizer only calls the tokenizers library's (after walking every id):
+    that is called directly, with the same text; a tokenizer class with a `_decode` of its own is called as it is."""
+    ids = tokenizer(" def f(x):\n    return 世界 😀").input_ids
+    plain = IncrementalText(tokenizer)
+    assert plain._backend_decode is not None
+    assert plain.add(ids) + plain.flush() == tokenizer.decode(ids, skip_special_tokens=True)
+
+    class Shouting(type(tokenizer)):
+        def _decode(self, token_ids, **kwargs):
+            return super()._decode(token_ids, **kwargs).upper()
+
+    shouting = copy.copy(tokenizer)
+    shouting.__class__ = Shouting
+    text = IncrementalText(shouting)
+    assert text._backend_decode is None
+    assert text.add(ids) + text.flush() == tokenizer.decode(ids, skip_special_tokens=True).upper()

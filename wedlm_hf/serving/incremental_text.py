@@ -9,12 +9,15 @@ string nor anything after it is returned (as OpenAI does). At the end, `flush` r
 concatenated pieces equal `tokenizer.decode(tokens, skip_special_tokens=True)` whenever no stop string matched.
 """
 
+from transformers import PreTrainedTokenizerFast
+
 _INCOMPLETE = "\ufffd"
 
 
 class IncrementalText:
     def __init__(self, tokenizer, stop: list[str] | tuple = ()):
         self.tokenizer = tokenizer
+        self._backend_decode = _backend_decode(tokenizer)
         self.stop = [s for s in stop if s]
         self.tokens: list[int] = []
         self.text = ""  # decoded text of the tokens up to `read_offset`
@@ -84,6 +87,8 @@ class IncrementalText:
         return ""
 
     def _decode(self, tokens: list[int]) -> str:
+        if self._backend_decode is not None:
+            return self._backend_decode(tokens, skip_special_tokens=True)
         return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def _check_stop(self, before: int) -> None:
@@ -112,3 +117,15 @@ class IncrementalText:
             if any(s.startswith(tail) for s in self.stop):
                 return size
         return 0
+
+
+def _backend_decode(tokenizer):
+    """The tokenizers library's own `decode` where transformers' would only call it (a fast tokenizer whose class
+    keeps transformers' `decode` and `_decode`; without clean-up, which `_decode` does after it): transformers'
+    wrapper first walks every id (`to_py_obj`), which costs a row about what the decode itself does, twice a step.
+    None for any other tokenizer, which is called as it is."""
+    kind = type(tokenizer)
+    fast = isinstance(tokenizer, PreTrainedTokenizerFast)
+    if fast and kind.decode is PreTrainedTokenizerFast.decode and kind._decode is PreTrainedTokenizerFast._decode:
+        return tokenizer.backend_tokenizer.decode
+    return None
