@@ -21,6 +21,7 @@ from starlette.requests import ClientDisconnect
 
 from .choice_tally import ChoiceTally, ChunkFrames, echo_event, off_loop
 from .engine import ServingEngine
+from .loop_mailbox import mailbox_for
 from .openai_schema import APIError, invalid
 from .responses import ResponseIds, chunk, full_body_json, sse, usage_chunk
 from .responses_api import ResponseRender
@@ -68,7 +69,7 @@ async def _answer(engine: ServingEngine, request: Request, parse, arrived: float
         return await _json_response(ids, tally)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    job = Job(choices, emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+    job = Job(choices, emit=functools.partial(mailbox_for(loop).post, events))
     try:
         engine.scheduler.submit(job)
     except QueueFull:
