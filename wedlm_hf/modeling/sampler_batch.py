@@ -106,7 +106,7 @@ def process(scores: torch.Tensor, samplers: list, counts: list[int], contexts: C
         if kind is RepetitionPenaltyLogitsProcessor:
             scores = _repetition_penalty(scores, values, contexts)
         elif kind is TemperatureLogitsWarper:
-            scores = _temperature(scores, values)
+            scores = _divided(scores, values)  # over each row's temperature
         elif kind is TopKLogitsWarper:
             scores = _top_k(scores, values, max(settings))
         elif kind is TopPLogitsWarper:
@@ -122,11 +122,11 @@ def _on_device(values: list, dtype: torch.dtype, like: torch.Tensor) -> torch.Te
     return torch.tensor(values, dtype=dtype)[:, None].to(like.device, non_blocking=True)
 
 
-def _temperature(scores: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
-    """Each row's scores over its temperature, as `scores / temperature` gives them: on CUDA, PyTorch divides by a
-    Python number as a product with its reciprocal in float32 (one bit may differ from the quotient), and so is it
-    done here there."""
-    values = torch.tensor(temperatures, dtype=torch.float32)[:, None]
+def _divided(scores: torch.Tensor, divisors: list[float]) -> torch.Tensor:
+    """Each row's scores over its own divisor, as `scores / divisor` with a Python number gives them: on CUDA,
+    PyTorch divides by a Python number as a product with its reciprocal in float32 (one bit may differ from the
+    quotient), and so is it done here there (a temperature; a repetition penalty's division)."""
+    values = torch.tensor(divisors, dtype=torch.float32)[:, None]
     if scores.device.type == "cuda":
         return scores * (1.0 / values).to(scores.device, non_blocking=True)
     return scores / values.to(scores.device, non_blocking=True)
@@ -136,8 +136,7 @@ def _repetition_penalty(scores: torch.Tensor, settings: list[tuple[float, int]],
     """Each row's scores at the tokens of its context (past the first ids it leaves out) multiplied by its penalty
     where negative, else divided by it, as transformers gathers, penalises and scatters them back, ids past the
     vocabulary into a column dropped after (`settings`: each row's penalty and how many ids it leaves out; the
-    contexts padded a group of similar lengths at a time; on CUDA a division by a Python number is a product with
-    its reciprocal, as in `_temperature`)."""
+    contexts padded a group of similar lengths at a time; the division as `_divided` makes it)."""
     vocab = scores.shape[-1]
     penalties, left_out = zip(*settings)
     padded = torch.nn.functional.pad(scores, (0, 1))
@@ -147,13 +146,9 @@ def _repetition_penalty(scores: torch.Tensor, settings: list[tuple[float, int]],
         rows = _on_device(group, torch.long, scores)
         at = rows * (vocab + 1) + ids
         score = flat[at]
-        values = torch.tensor([penalties[n] for n in group], dtype=torch.float32)[:, None]
-        penalty = values.to(scores.device, non_blocking=True)
-        if scores.device.type == "cuda":
-            divided = score * (1.0 / values).to(scores.device, non_blocking=True)
-        else:
-            divided = score / penalty
-        flat[at] = torch.where(score < 0, score * penalty, divided)
+        row_penalties = [penalties[n] for n in group]
+        penalty = _on_device(row_penalties, torch.float32, scores)
+        flat[at] = torch.where(score < 0, score * penalty, _divided(score, row_penalties))
     return padded[..., :vocab]
 
 
