@@ -1,11 +1,11 @@
 """Matrix products whose rows do not depend on how many rows share them (docs/algorithm.md section 7).
 
-A BLAS picks its kernel by the product's shape, and kernels sum a row's K products in different orders. Measured on
-this project's CPU (MKL and oneDNN in torch 2.13): float32 runs one kernel for a single row, another up to about 15
-rows and a blocked one above, and each rounds a row differently; float16 rounds a single row differently from two or
-more; oneDNN's bfloat16 kernels change with the row count for some weights (the shipped model's 768 x 256 down
-projection: one value in a few thousand, from 33 rows on). A row of a linear layer then rounds differently when the
-batch, the window or the prompt chunk around it changes.
+A BLAS picks its kernel by the product's shape, and kernels sum a row's K products in different orders. Measured
+with MKL and oneDNN in torch 2.13: float32 runs one kernel for a single row, another up to about 15 rows and a blocked
+one above, and each rounds a row differently; on a CPU with AVX-512, float16 rounds a single row differently from two
+or more, and oneDNN's bfloat16 kernels change with the row count for some weights (the shipped model's 768 x 256 down
+projection: one value in a few thousand, from 33 rows on); with AVX2 only, neither does. A row of a linear layer then
+rounds differently when the batch, the window or the prompt chunk around it changes.
 
 So each product runs by a route that gives a row the same bits at every row count, the cheapest that does (ROUTES):
 a call takes at least a route's fewest rows (zero rows appended: a row of a product reads only its own row of the
@@ -14,10 +14,10 @@ runs in blocks, the last one padded too); float16 and bfloat16 may also run in f
 widened values, rounded once to the dtype). Every call then has a row count in the range the probe measured: the
 first product with a given right operand (shape, dtype, layout, torch's thread count) is computed at every row
 count up to 64, every 8th up to 128 and a few up to MAX_ROWS and beyond, and every row compared bit for bit with the
-same row in a product of 16 rows, and 64 rows alone too. The shipped model's products here: float32 and float16
-take 16 to 1024 rows a call; bfloat16 takes 1 to 1024, and 64 to 128 for that down projection (oneDNN rounds it one
-way up to 32 rows, another from 33 to 255, a third from 256). A product no route makes invariant is refused with
-one line naming it.
+same row in a product of 16 rows, and 64 rows alone too. The shipped model's products with AVX-512: float32 and
+float16 take 16 to 1024 rows a call; bfloat16 takes 1 to 1024, and 64 to 128 for that down projection (oneDNN rounds
+it one way up to 32 rows, another from 33 to 255, a third from 256); with AVX2 only, float32 takes 16 to 1024 and
+the others 1 to 1024. A product no route makes invariant is refused with one line naming it.
 """
 
 import weakref
