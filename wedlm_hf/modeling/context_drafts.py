@@ -43,11 +43,11 @@ class ContextIndex:
 
     def sync(self, prompt: list[int], generated: list[int]) -> None:
         """Takes in what `prompt` + `generated` added since the last call (without joining the two lists)."""
-        fed = len(self.tokens)
-        if fed < len(prompt):
-            self.tokens += prompt[fed:]
-            fed = len(prompt)
-        self.tokens += generated[fed - len(prompt) :]
+        generated_fed = len(self.tokens) - len(prompt)
+        if generated_fed < 0:
+            self.tokens += prompt[generated_fed:]
+            generated_fed = 0
+        self.tokens += generated[generated_fed:]
 
     def index_sizes(self, largest: int) -> None:
         """Indexes the n-grams of every size up to `largest` that the text has so far, ahead of the look-ups that
@@ -144,7 +144,7 @@ def index_fed_prompt(row) -> None:
     index.index_sizes(row.settings.context_ngram)
 
 
-def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False) -> bool:
+def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False, run: int | None = None) -> bool:
     """Fills the masks right after the leading run with the tokens that followed the latest earlier occurrence
     of the text's suffix (at most COPY_TOKENS and W of them, within the token budget, up to a stop token, and
     under a grammar up to the first token it rejects); they are verified with the run in the next forward;
@@ -153,8 +153,8 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
     confident there, and a rejected context draft would discard its fills. With `replace_model_drafts` the copy
     continues the run before the model's first draft that AR judges (the final token, tokens a grammar forces and
     a default row's confident fills) and, if there is one, takes the place of everything after it. Returns whether
-    a copy was placed."""
-    run = row.leading_run()
+    a copy was placed. `run`: the row's leading run, where the caller has it."""
+    run = row.leading_run() if run is None else run
     if replace_model_drafts:  # the run up to the model's first draft AR judges (a grammar's forced tokens stay)
         run = row.first_judged_own(1, run)
     pending = [slot.token for slot in row.window[:run]]
@@ -183,10 +183,9 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
         del window[run:]
     if any([fill is not None and fill.token != token for fill, token in zip(window[run:], drafts)]):
         return False
-    for i, token in enumerate(drafts):
-        slot = run + i
-        if slot == len(window):
-            window.append(Fill(token, source="context"))
-        elif window[slot] is None:
+    end = len(window)  # drafts take the masks in the window, then go on past its end
+    for slot, token in enumerate(drafts[: end - run], run):
+        if window[slot] is None:
             window[slot] = Fill(token, source="context")
+    window += [Fill(token, source="context") for token in drafts[end - run :]]
     return True

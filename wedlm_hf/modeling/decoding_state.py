@@ -213,10 +213,8 @@ class DecodingRow:
 
     def leading_run(self) -> int:
         """The filled slots before the window's first mask."""
-        try:
-            return self.window.index(None)
-        except ValueError:
-            return len(self.window)
+        window = self.window
+        return window.index(None) if None in window else len(window)
 
     def contexts(self, slots: list[int], device) -> Contexts:
         """For context-reading logits processors: the token ids before each window slot in `slots`, as AR `generate`
@@ -250,7 +248,7 @@ class DecodingRow:
         row there (a stop token, or the budget's last token). Its row's logits would predict past the end and its
         K/V would never be read, while the row before it verifies it all the same; else 0."""
         run = len(self.window)
-        if not self.verifies or not self.prefilled or run < 2 or self.leading_run() != run:
+        if run < 2 or None in self.window or not self.verifies or not self.prefilled:  # a mask: the run stops short
             return 0
         room = self.settings.max_new_tokens - len(self.generated)
         return int(self.window[-1].token in self.settings.stop_ids or run == room)
@@ -277,16 +275,16 @@ class DecodingRow:
         tokens = [slot.token for slot in self.window[:count]]
         settings = self.settings
         # The first token that ends the row: a stop token, or the one that fills the budget (a stop token first).
-        stop = len(tokens)
+        kept = stop = len(tokens)
         if not settings.stop_ids.isdisjoint(tokens):
             stop = next(i for i, token in enumerate(tokens) if token in settings.stop_ids)
-        full = max(settings.max_new_tokens - len(self.generated), 1) - 1
-        end = min(stop, full)
-        if end < len(tokens):
+        last = settings.max_new_tokens - len(self.generated) - 1  # the index of the budget's last token
+        end = stop if stop < last else max(last, 0)
+        if end < kept:
             del tokens[end + 1 :]
             self.done, self.finish_reason = True, "stop" if end == stop else "length"
-        kept = len(tokens)
-        if self.tracks_logits:
+            kept = end + 1
+        if settings.keep_logits or self.grammar is not None:  # `tracks_logits`
             for _ in tokens:
                 self._take_logits()
         if settings.keep_logits and not settings.lossless:

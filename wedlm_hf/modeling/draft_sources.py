@@ -116,18 +116,19 @@ class ContextDrafts(DraftSource):
             if row.settings.max_new_tokens > 1:  # a row of one token never looks up
                 index_fed_prompt(row)
             return masks
+        run = row.leading_run()
         if not row.settings.lossless:
             # Default mode: where the rule's fills pass its threshold the model is sure and copies cost its masks:
             # a long match only. Once an unsure fill failed, a copy takes the place of the next (as in lossless mode).
-            run = row.window[1 : row.leading_run()]
-            sure = True in [slot.confident for slot in run]
-            unsure = row.unsure_fill_held is False and any(row.judged_own(slot) for slot in run)
-            return 0 if copy_from_context(row, LONG_MATCH if sure else 1, replace_model_drafts=unsure) else masks
+            drafts = row.window[1:run]
+            sure = True in [slot.confident for slot in drafts]
+            unsure = row.unsure_fill_held is False and any(row.judged_own(slot) for slot in drafts)
+            return 0 if copy_from_context(row, LONG_MATCH if sure else 1, unsure, run) else masks
         held = row.model_window.held
         shortest = LONG_MATCH if held else 1
         if held is None and row.own_drafts():
-            shortest = min(row.leading_run(), LONG_MATCH)
-        return 0 if copy_from_context(row, shortest, replace_model_drafts=held is False) else masks
+            shortest = min(run, LONG_MATCH)
+        return 0 if copy_from_context(row, shortest, held is False, run) else masks
 
     def update(self, row: DecodingRow, checked: int, rejected: bool, paused: bool) -> None:
         row.context_window.update(row.settings.window_size, checked, rejected)
@@ -156,6 +157,12 @@ def report_verdicts(row: DecodingRow, checked: dict[str, int], rejected_kind: st
     waits while another's drafts are being tried, as they stand after this step's verdict."""
     sources = draft_sources(row)
     for source in reversed(sources):
-        paused = True in [other.trying(row) for other in sources if other is not source]
-        count = sum([checked.get(kind, 0) for kind in source.kinds])
+        paused = False  # loops, not lists: every row runs this every step, and a list is one more call for each
+        for other in sources:
+            if other is not source and other.trying(row):
+                paused = True
+                break
+        count = 0
+        for kind in source.kinds:
+            count += checked.get(kind, 0)
         source.update(row, count, rejected_kind in source.kinds, paused)

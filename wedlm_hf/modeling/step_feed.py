@@ -53,25 +53,25 @@ def prompt_chunk(row: DecodingRow, cap: int | None) -> tuple[int, bool]:
 def build_feed(rows: list[DecodingRow], kv, mask_token_id: int, cap: int | None) -> StepFeed:
     """The step's feed for `rows` on cache `kv`, which sets its width (`feed_width`) and its rows (`feed_layout`);
     `cap`: the prompt tokens a row may feed (None: all)."""
-    starts, decodes, filled, masks, runs, tokens = [], [], [], [], [], []
+    per_row = []  # (start, decode, filled, masks, run, count, fills, their positions) by row, transposed below
     for row in rows:
         start, decode = prompt_chunk(row, cap)
-        base = row.committed
-        window = row.window[: len(row.window) - row.unfed_end()] if decode else []
-        fills = [slot.token for slot in window if slot is not None]
-        fill_positions = [base + i for i, slot in enumerate(window) if slot is not None]
+        if not decode:
+            per_row.append((start, False, 0, [], 0, start, [], []))
+            continue
+        base, window = len(row.prompt) + len(row.generated), row.window
+        if row.unfed_end():
+            window = window[:-1]
+        at = [i for i, slot in enumerate(window) if slot is not None]
         mask_positions = [base + i for i, slot in enumerate(window) if slot is None]
-        starts.append(start)
-        decodes.append(decode)
-        filled.append(len(fills))
-        masks.append(mask_positions)
-        runs.append(row.leading_run() if decode else 0)
-        tokens.append((fills, fill_positions))
-    counts = [start + n + len(m) for start, n, m in zip(starts, filled, masks)]
+        fills, filled = [window[i].token for i in at], len(at)
+        count = start + filled + len(mask_positions)
+        per_row.append((start, True, filled, mask_positions, row.leading_run(), count, fills, [base + i for i in at]))
+    starts, decodes, filled, masks, runs, counts, fills, fill_positions = map(list, zip(*per_row))
     prefill = any(starts)
     width = kv.feed_width(max(counts), prefill)
     height, places = kv.feed_layout()
-    order = list(range(len(rows)))  # the active row each feed row holds (None: padding)
+    order = range(len(rows))  # the active row each feed row holds (None: padding)
     if places is not None:
         order = [None] * height
         for b, place in enumerate(places):
@@ -83,11 +83,11 @@ def build_feed(rows: list[DecodingRow], kv, mask_token_id: int, cap: int | None)
             positions.extend([0] * width)
             valid.extend([0] * width)
             continue
-        row, start, (fills, fill_positions), mask_positions = rows[b], starts[b], tokens[b], masks[b]
-        fed, gap = row.prompt_fed, width - counts[b]
-        ids.extend(row.prompt[fed : fed + start] + fills + [mask_token_id] * (gap + len(mask_positions)))
-        positions.extend([*range(fed, fed + start), *fill_positions, *[0] * gap, *mask_positions])
-        valid.extend([1] * (start + len(fills)) + [0] * gap + [1] * len(mask_positions))
+        fed, start, n, mask_positions = rows[b].prompt_fed, starts[b], filled[b], masks[b]
+        gap, real = width - counts[b], start + n
+        ids.extend(rows[b].prompt[fed : fed + start] + fills[b] + [mask_token_id] * (width - real))
+        positions.extend([*range(fed, fed + start), *fill_positions[b], *[0] * gap, *mask_positions])
+        valid.extend([1] * real + [0] * gap + [1] * (counts[b] - real))
     data = torch.frombuffer(ids + positions + valid, dtype=torch.int64).view(3, height, width)
     ids, positions, valid = data.to(kv.device, copy=True)  # a copy: the tensors outlive the buffer
     n_masks = max(map(len, masks))
@@ -116,7 +116,7 @@ def logit_columns(rows: list[DecodingRow], feed: StepFeed) -> tuple[list[int], d
 def open_masks(row: DecodingRow, masks: list[int], n_masks: int) -> list[tuple[int, int]]:
     """(mask column, window slot) of the masks fed this step that are still masks (lossless mode may have placed its
     final token on one; a commit moves the slots). Masks are right-aligned in the step's mask columns."""
-    first, base, window = n_masks - len(masks), row.committed, row.window
+    first, base, window = n_masks - len(masks), len(row.prompt) + len(row.generated), row.window
     if not row.verifies and row.grammar is None:  # the paper's default commit moves only filled slots
         return [(first + j, position - base) for j, position in enumerate(masks)]
     end = base + len(window)

@@ -143,10 +143,10 @@ class StreamingDecoder:
         for row in rows:
             refill(row)
         feed = build_feed(rows, self.kv, self.mask_token_id, self._prompt_cap(rows))
-        for row, decode, filled, masks in zip(rows, feed.decodes, feed.filled, feed.masks):
-            if decode:
+        for row, decode, start, count in zip(rows, feed.decodes, feed.starts, feed.counts):
+            if decode:  # the window's rows: its filled slots and masks
                 row.stats.forwards += 1
-                row.stats.rows_fed += filled + len(masks)
+                row.stats.rows_fed += count - start
         columns, ar_columns, sparse = logit_columns(rows, feed)
         logits = self.kv.forward(feed.ids, feed.positions, feed.valid, columns, feed.prefill, feed.counts)
         column = {c: j for j, c in enumerate(columns)}
@@ -216,7 +216,7 @@ class StreamingDecoder:
         and every row's committed run. Returns the tokens each row committed and the rows whose mask fills are
         void (a failed guess under a grammar: every mask saw it)."""
         predictions = greedy_predictions(rows, ar_rows, readout.ar_top) | readout.predictions
-        if not self.draws_before_read:
+        if not self.draws_before_read and not self._greedy_only:  # rows with their sampler's own AR choice
             predictions |= host_predictions(rows, logits, ar_rows)
         kept, stale = [], set()
         for b, row in enumerate(rows):

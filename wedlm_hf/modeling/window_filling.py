@@ -134,6 +134,7 @@ class FillSampler:
     ):
         self.do_sample = do_sample
         self.warpers = warpers or LogitsProcessorList()
+        self.own_choice = do_sample or bool(self.warpers)  # more than the plain argmax: a draw, or processors
         for processor in self.warpers:  # what `LogitsProcessorList` checks at every call, checked once
             parameters = list(inspect.signature(processor.__call__).parameters)
             if len(parameters) > 2:
@@ -149,10 +150,6 @@ class FillSampler:
         self.row_state = row_state
         self.batch_form = batch_form(self)  # (what samplers it processes with, its settings): `sampler_batch`
 
-    @property
-    def own_choice(self) -> bool:
-        """Whether its choice is more than the plain argmax: a draw, or processors that change it."""
-        return self.do_sample or bool(self.warpers)
 
     def scores(self, logits: torch.Tensor, contexts=None) -> torch.Tensor:
         """The processed float logits (N, vocab): `contexts` (one per row: `Contexts`, or a list of tensors) are

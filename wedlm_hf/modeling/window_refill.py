@@ -27,9 +27,10 @@ def refill(row: DecodingRow) -> None:
         # none): so only a stop token already there can end the refill here (if the cut left it).
         if stop is not None and _stop_slot(row) is not None:
             return
-    room = row.settings.max_new_tokens - len(row.generated) - len(row.window)
-    wanted = masks + row.leading_run() - len(row.window)
-    row.window.extend([None] * max(0, min(wanted, room)))
+    slots = len(row.window)
+    wanted = min(masks + row.leading_run(), row.settings.max_new_tokens - len(row.generated)) - slots
+    if wanted > 0:
+        row.window += [None] * wanted
 
 
 def _stop_slot(row: DecodingRow) -> int | None:
