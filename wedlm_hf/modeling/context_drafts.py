@@ -43,11 +43,11 @@ class ContextIndex:
 
     def sync(self, prompt: list[int], generated: list[int]) -> None:
         """Takes in what `prompt` + `generated` added since the last call (without joining the two lists)."""
-        generated_fed = len(self.tokens) - len(prompt)
-        if generated_fed < 0:
-            self.tokens += prompt[generated_fed:]
-            generated_fed = 0
-        self.tokens += generated[generated_fed:]
+        taken = len(self.tokens) - len(prompt)  # generated tokens already in (below 0: prompt tokens still out)
+        if taken < 0:
+            self.tokens += prompt[taken:]
+            taken = 0
+        self.tokens += generated[taken:]
 
     def index_sizes(self, largest: int) -> None:
         """Indexes the n-grams of every size up to `largest` that the text has so far, ahead of the look-ups that
