@@ -248,7 +248,7 @@ class DecodingRow:
         row there (a stop token, or the budget's last token). Its row's logits would predict past the end and its
         K/V would never be read, while the row before it verifies it all the same; else 0."""
         run = len(self.window)
-        if run < 2 or None in self.window or not self.verifies or not self.prefilled:  # a mask: the run stops short
+        if run < 2 or None in self.window or not self.verifies or not self.prefilled:  # a mask: not one filled run
             return 0
         room = self.settings.max_new_tokens - len(self.generated)
         return int(self.window[-1].token in self.settings.stop_ids or run == room)

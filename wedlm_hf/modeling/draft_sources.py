@@ -123,12 +123,13 @@ class ContextDrafts(DraftSource):
             drafts = row.window[1:run]
             sure = True in [slot.confident for slot in drafts]
             unsure = row.unsure_fill_held is False and any(row.judged_own(slot) for slot in drafts)
-            return 0 if copy_from_context(row, LONG_MATCH if sure else 1, unsure, run) else masks
+            copied = copy_from_context(row, LONG_MATCH if sure else 1, replace_model_drafts=unsure, run=run)
+            return 0 if copied else masks
         held = row.model_window.held
         shortest = LONG_MATCH if held else 1
         if held is None and row.own_drafts():
             shortest = min(run, LONG_MATCH)
-        return 0 if copy_from_context(row, shortest, held is False, run) else masks
+        return 0 if copy_from_context(row, shortest, replace_model_drafts=held is False, run=run) else masks
 
     def update(self, row: DecodingRow, checked: int, rejected: bool, paused: bool) -> None:
         row.context_window.update(row.settings.window_size, checked, rejected)

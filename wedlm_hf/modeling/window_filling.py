@@ -122,7 +122,8 @@ class FillSampler:
     for a batch of one, as transformers builds a repetition penalty for a padded row). Score-only processors take
     the whole block at once. A sampler with a
     generator of its own and only the common warpers processes as a batch of rows does (`sampler_batch`), alone or
-    with others.
+    with others. What it does is fixed when it is built (`own_choice`, `reads_context`, its batch form): build a new
+    sampler for other processors.
     """
 
     def __init__(
@@ -149,7 +150,6 @@ class FillSampler:
         self.padded_contexts = self.reads_context and all(map(ignores_padding, readers))
         self.row_state = row_state
         self.batch_form = batch_form(self)  # (what samplers it processes with, its settings): `sampler_batch`
-
 
     def scores(self, logits: torch.Tensor, contexts=None) -> torch.Tensor:
         """The processed float logits (N, vocab): `contexts` (one per row: `Contexts`, or a list of tensors) are
