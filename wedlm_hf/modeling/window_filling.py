@@ -120,10 +120,9 @@ class FillSampler:
     contexts right-padded, where each processor that reads them ignores padding (`ignores_padding`: a repetition
     penalty); otherwise rows of one length together unless the processors hold per-row state (`row_state`: built
     for a batch of one, as transformers builds a repetition penalty for a padded row). Score-only processors take
-    the whole block at once. A sampler with a
-    generator of its own and only the common warpers processes as a batch of rows does (`sampler_batch`), alone or
-    with others. What it does is fixed when it is built (`own_choice`, `reads_context`, its batch form): build a new
-    sampler for other processors.
+    the whole block at once. A sampler with a generator of its own and only the common warpers processes as a batch
+    of rows does (`sampler_batch`), alone or with others. What it does is fixed when it is built (`own_choice`,
+    `reads_context`, its batch form): build a new sampler for other processors.
     """
 
     def __init__(
