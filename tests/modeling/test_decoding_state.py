@@ -48,7 +48,7 @@ def test_contexts_are_what_ar_would_hand_its_processors_at_each_slot():
     row.generated = [4]
     first, third = row.contexts([0, 2], "cpu")
     assert first.tolist() == [0, 0, 1, 2, 3, 4] and third.tolist() == [0, 0, 1, 2, 3, 4, 5, 6]
-    row._context_ids[0] = -1  # a mark: the committed ids grow with the text, not rebuilt from the prompt each step
+    row.context_ids.ids[0, 0] = -1  # a mark: the committed ids grow with the text, not written again each step
     row.commit(2)
     assert row.contexts([0], "cpu")[0].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6]
 

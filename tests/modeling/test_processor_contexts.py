@@ -29,7 +29,8 @@ def test_the_block_is_as_long_as_the_longest_position_not_the_longest_row():
 
 def test_counts_hold_each_positions_tokens_past_those_left_out():
     """Each row's text counted once and each position's tokens past its row's shortest context added: what
-    counting each position's own context gives, ids past the vocabulary and the first `left_out` ids not counted."""
+    counting each position's own context gives, ids past the vocabulary and the first `left_out` ids not counted.
+    The rows as one (rows, length) tensor, other ids past their texts, count and pad as the list of them does."""
     g = torch.Generator().manual_seed(4)
     for trial in range(40):
         vocab = int(torch.randint(3, 12, (), generator=g))
@@ -46,6 +47,15 @@ def test_counts_hold_each_positions_tokens_past_those_left_out():
         for n, context in enumerate(contexts):
             ids = context[left_out[n] if left_out else 0 :]
             assert counted[n].tolist() == torch.bincount(ids[ids < vocab], minlength=vocab).float().tolist()
+        block = torch.randint(0, vocab + 2, (3, 12), generator=g)
+        for r, ids in enumerate(rows):
+            block[r, : len(ids)] = ids
+        as_block = Contexts(block, contexts.owners, contexts.lengths)
+        assert torch.equal(as_block.counts(vocab, torch.float32, left_out), counted)
+        assert torch.equal(as_block.padded(vocab, left_out=left_out), contexts.padded(vocab, left_out=left_out))
+        assert [c.tolist() for c in as_block] == [c.tolist() for c in contexts]
+        if len(as_block):
+            assert [c.tolist() for c in Contexts.joined([as_block, contexts])] == [c.tolist() for c in contexts] * 2
 
 
 def test_no_positions_give_empty_blocks():

@@ -10,8 +10,8 @@ mask, and only a grammar row, and a lossless row under a context-reading process
 
 import torch
 
+from .context_ids import row_contexts
 from .decoding_state import DecodingRow, Fill
-from .processor_contexts import Contexts
 from .sampler_batch import merged
 from .step_draws import chosen_distributions
 from .step_feed import open_masks
@@ -97,7 +97,7 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, groups: list[list[tuple
             wanted: dict[int, list[int]] = {}
             for b, c in keys:
                 wanted.setdefault(b, []).append(min(slots[b, c], rows[b].leading_run()))
-            contexts = Contexts.joined([rows[b].contexts(ks, scores.device) for b, ks in wanted.items()])
+            contexts = row_contexts([(rows[b], ks) for b, ks in wanted.items()], scores.device)
         probs = sampler.probabilities(block, contexts) if sampler.do_sample else None
         tokens = sampler.draw(probs) if sampler.do_sample else sampler(block, contexts)
         keep = probs is not None

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .context_ids import row_contexts
 from .decoding_config import WeDLMDecodingConfig
 from .draft_windows import ContextWindow, DraftWindow
 from .processor_contexts import Contexts
@@ -158,7 +159,7 @@ class DecodingRow:
     prefix: list | None = None  # K/V of the prompt's first tokens from elsewhere (a prefix cache), loaded on joining
     grammar: object | None = None  # the row's grammar state (`grammar_commit`), at the end of its committed text
     padding: list[int] = field(default_factory=list)  # the batch's left padding before the prompt, as AR sees it
-    _context_ids: torch.Tensor | None = None  # `_committed_ids`' copy
+    context_ids: object | None = None  # the batch's ids that context-reading processors read (`context_ids`)
 
     @property
     def prefilled(self) -> bool:
@@ -219,25 +220,8 @@ class DecodingRow:
     def contexts(self, slots: list[int], device) -> Contexts:
         """For context-reading logits processors: the token ids before each window slot in `slots`, as AR `generate`
         hands them to its processors there (left padding, prompt, committed text, then the window's tokens before the
-        slot, all of which must be filled): prefixes of one tensor (`processor_contexts`)."""
-        window = [slot.token for slot in self.window[: max(slots, default=0)]]
-        committed = self._committed_ids(device)
-        ids = torch.cat([committed, torch.tensor(window, dtype=torch.long, device=device)]) if window else committed
-        length = len(self.padding) + len(self.prompt) + len(self.generated)
-        return Contexts([ids], [0] * len(slots), [length + k for k in slots])
-
-    def _committed_ids(self, device) -> torch.Tensor:
-        """Padding, prompt and committed text as one tensor, kept and grown as tokens commit (a long prompt is not
-        copied to the device again each step)."""
-        length = len(self.padding) + len(self.prompt) + len(self.generated)
-        ids = self._context_ids
-        if ids is None or ids.device != torch.device(device) or len(ids) > length:
-            ids = torch.tensor(self.padding + self.prompt + self.generated, dtype=torch.long, device=device)
-        elif len(ids) < length:
-            new = self.generated[len(self.generated) - (length - len(ids)) :]
-            ids = torch.cat([ids, torch.tensor(new, dtype=torch.long, device=device)])
-        self._context_ids = ids
-        return ids
+        slot, all of which must be filled): prefixes of the batch's ids (`context_ids`)."""
+        return row_contexts([(self, slots)], device)
 
     def own_drafts(self) -> int:
         """The model's own drafts (grammar-restricted or not) in the leading run, after the final token."""

@@ -9,7 +9,7 @@ output is distributed exactly as plain AR decoding with the same logits processo
 
 import torch
 
-from .processor_contexts import Contexts
+from .context_ids import row_contexts
 from .sampler_batch import merged
 from .window_filling import FillSampler
 
@@ -99,11 +99,11 @@ def sampler_blocks(rows: list, logits: torch.Tensor, ar_rows: dict[int, list[int
         block = logits[device_index([b for b, _ in index], logits), device_index([c for _, c in index], logits)]
         contexts = None
         if sampler.reads_context:  # row j predicts window slot j (a joining row) or j + 1 (one with a final token)
-            parts = []
+            wanted = []
             for b in members:
                 shift = 1 if rows[b].prefilled else 0
-                parts.append(rows[b].contexts([j + shift for j in range(len(ar_rows[b]))], logits.device))
-            contexts = Contexts.joined(parts)
+                wanted.append((rows[b], [j + shift for j in range(len(ar_rows[b]))]))
+            contexts = row_contexts(wanted, logits.device)
         scores = sampler.probabilities(block, contexts) if sampler.do_sample else sampler(block, contexts)
         yield members, [len(ar_rows[b]) for b in members], sampler, scores
 

@@ -15,8 +15,9 @@ import torch
 
 
 class Contexts:
-    """Per position, the prefix of `lengths[n]` ids of row tensor `ids[owners[n]]`. Indexing gives a position's
-    context as a tensor, as a list of contexts would."""
+    """Per position, the prefix of `lengths[n]` ids of row `ids[owners[n]]`: `ids` a list of 1-D tensors, or one
+    (rows, length) tensor (a batch's, `context_ids`), whose ids past a position's length are never read. Indexing
+    gives a position's context as a tensor, as a list of contexts would."""
 
     def __init__(self, ids: list[torch.Tensor], owners: list[int], lengths: list[int]):
         self.ids, self.owners, self.lengths = ids, owners, lengths
@@ -34,7 +35,7 @@ class Contexts:
         ids, owners, lengths = [], [], []
         for part in parts:
             owners += [len(ids) + owner for owner in part.owners]
-            ids += part.ids
+            ids += list(part.ids)  # a (rows, length) tensor's rows
             lengths += part.lengths
         return cls(ids, owners, lengths)
 
@@ -52,7 +53,7 @@ class Contexts:
         `left_out[n]` ids (none where None; a row's positions share it); ids past the vocabulary are not counted."""
         if not self.lengths:
             return torch.zeros((0, vocab), dtype=dtype)
-        device, owners, lengths = self.ids[0].device, self.owners, self.lengths
+        device, owners, lengths = self._device(), self.owners, self.lengths
         shortest, skipped = [-1] * len(self.ids), [0] * len(self.ids)  # per row; -1: no position reads it
         for n, owner in enumerate(owners):
             shortest[owner] = lengths[n] if shortest[owner] < 0 else min(shortest[owner], lengths[n])
@@ -61,7 +62,7 @@ class Contexts:
         where = [[shortest[owner], length, skipped[owner], owner] for owner, length in zip(owners, lengths)]
         rows_at, where = torch.tensor([shortest, skipped]), torch.tensor(where).reshape(-1, 4)
         rows_at, where = rows_at.to(device, non_blocking=True), where.to(device, non_blocking=True)
-        rows = torch.nn.utils.rnn.pad_sequence(self.ids, batch_first=True, padding_value=vocab).clamp(max=vocab)
+        rows = self._rows(vocab).clamp(max=vocab)
         column = torch.arange(rows.shape[1], device=device)
         counted = (column < rows_at[0][:, None]) & (column >= rows_at[1][:, None])  # each row's text, once
         per_row = torch.zeros(len(self.ids), vocab + 1, dtype=dtype, device=device)
@@ -81,15 +82,25 @@ class Contexts:
         positions = range(len(self.lengths)) if positions is None else positions
         if not positions:
             return torch.empty((0, 0), dtype=torch.long)
-        device = self.ids[0].device
+        device = self._device()
         lengths = [self.lengths[n] for n in positions]
         skipped = [0] * len(positions) if left_out is None else [left_out[n] for n in positions]
         longest = max(lengths)
-        rows = torch.nn.utils.rnn.pad_sequence(self.ids, batch_first=True, padding_value=padding)[:, :longest]
+        rows = self._rows(padding)[:, :longest]
         where = torch.tensor([[self.owners[n] for n in positions], lengths, skipped]).to(device, non_blocking=True)
         column = torch.arange(longest, device=device)
         outside = (column >= where[1][:, None]) | (column < where[2][:, None])
         return rows[where[0]].masked_fill_(outside, padding)
+
+    def _device(self) -> torch.device:
+        return self.ids.device if isinstance(self.ids, torch.Tensor) else self.ids[0].device
+
+    def _rows(self, padding: int) -> torch.Tensor:
+        """The rows as one (rows, length) tensor, right-padded with `padding` where they are a list (a batch's
+        tensor holds other ids past its rows' texts: what reads it masks them by the positions' lengths)."""
+        if isinstance(self.ids, torch.Tensor):
+            return self.ids
+        return torch.nn.utils.rnn.pad_sequence(self.ids, batch_first=True, padding_value=padding)
 
     def similar_lengths(self) -> list[list[int]]:
         """The positions grouped by context length, each group's lengths within a factor of two: padded a group at

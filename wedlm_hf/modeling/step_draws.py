@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import torch
 
+from .context_ids import row_contexts
 from .decoding_state import DecodingRow
 from .draft_verification import ArPredictions, device_index, sampler_blocks, split_sizes
-from .processor_contexts import Contexts
 from .sampler_batch import merged
 
 Pending = tuple[list[torch.Tensor], Callable[[list[list[float]]], dict]]  # tensors to read; what their values give
@@ -153,12 +153,12 @@ def fill_draws(rows: list[DecodingRow], scores: torch.Tensor, masks: list[list[i
         block = scores[device_index([b for b, _ in columns], scores), device_index([c for _, c in columns], scores)]
         contexts = None
         if sampler.reads_context:
-            parts = []
+            wanted = []
             for b in members:
                 row = rows[b]
                 run = row.leading_run()
-                parts.append(row.contexts([min(p - row.committed, run) for p in masks[b]], scores.device))
-            contexts = Contexts.joined(parts)
+                wanted.append((row, [min(p - row.committed, run) for p in masks[b]]))
+            contexts = row_contexts(wanted, scores.device)
         probs = sampler.probabilities(block, contexts) if sampler.do_sample else None
         tensors.append(sampler.draw(probs) if sampler.do_sample else sampler(block, contexts))
         plans.append((columns, probs))

@@ -27,6 +27,7 @@ import torch
 
 from .batch_fill import fill_masks
 from .commit_rules import commit, commit_ending
+from .context_ids import ContextIds
 from .decoding_cache import DecodingCache
 from .decoding_state import DecodingRow, DecodingSettings, Fill
 from .draft_verification import device_index, greedy_predictions, host_predictions
@@ -71,6 +72,7 @@ class StreamingDecoder:
             cache if hasattr(cache, "keep_leading") else RaggedCache(model, 0, max_dead=16, cache=cache)
         )
         self.draws_before_read = draws_before_read(self.kv.device)  # sampled rows' draws (`step_draws`)
+        self.context_ids = ContextIds()  # what context-reading processors read, every row's in one tensor
         self.active: list[DecodingRow] = []
         self._joining: list[DecodingRow] = []
         self._default_only = self._greedy_only = False  # what holds for every active row (`_note_rows`)
@@ -100,6 +102,7 @@ class StreamingDecoder:
             prefix=prefix or None,
             grammar=grammar,
             padding=list(padding or []),
+            context_ids=self.context_ids,
         )
         row.prompt_fed = cached
         row.free_width = torch.device(self.kv.device).type != "cpu"
@@ -122,6 +125,7 @@ class StreamingDecoder:
             del row.logits[keep:]
         if row in self._joining:
             self._joining.remove(row)
+            self.context_ids.release(row)
         if not row.done:
             row.done, row.finish_reason = True, reason
         if row in self.active:
@@ -251,8 +255,8 @@ class StreamingDecoder:
                 commit_ending(row)
 
     def _retire(self, finished: list[DecodingRow]) -> None:
-        """Finished rows leave the cache (their K/V kept where asked) and drop their context index, which a caller
-        holding the row has no use for."""
+        """Finished rows leave the cache (their K/V kept where asked) and drop their context index and ids, which a
+        caller holding the row has no use for."""
         leaving = {id(row) for row in finished}
         positions = [i for i, row in enumerate(self.active) if id(row) in leaving]
         if self.keep_cache:
@@ -260,6 +264,7 @@ class StreamingDecoder:
                 self.active[i].kv = _truncated(self.kv.row_kv(i), self.active[i].committed)
         for row in finished:
             row.context = None
+            self.context_ids.release(row)
         survivors = [i for i, row in enumerate(self.active) if id(row) not in leaving]
         self.active = [self.active[i] for i in survivors]
         self._note_rows()

@@ -1,0 +1,1 @@
+../modeling/context_ids.py
