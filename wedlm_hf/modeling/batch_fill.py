@@ -94,9 +94,14 @@ def _draw(rows: list[DecodingRow], scores: torch.Tensor, groups: list[list[tuple
         block = scores[[b for b, _ in keys], [c for _, c in keys]]
         contexts = None
         if sampler.reads_context:  # each row's contexts from one tensor (keys are in row order)
-            wanted: dict[int, list[int]] = {}
-            for b, c in keys:
-                wanted.setdefault(b, []).append(min(slots[b, c], rows[b].leading_run()))
+            runs: dict[int, int] = {}  # by row: its leading run, past which no key's context reaches
+            for b, _ in keys:
+                if b not in runs:
+                    runs[b] = rows[b].leading_run()
+            wanted: dict[int, list[int]] = {b: [] for b in runs}
+            for key in keys:
+                slot, run = slots[key], runs[key[0]]
+                wanted[key[0]].append(slot if slot < run else run)
             contexts = row_contexts([(rows[b], ks) for b, ks in wanted.items()], scores.device)
         probs = sampler.probabilities(block, contexts) if sampler.do_sample else None
         tokens = sampler.draw(probs) if sampler.do_sample else sampler(block, contexts)

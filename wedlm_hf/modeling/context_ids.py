@@ -24,6 +24,7 @@ class ContextIds:
         self.ids: torch.Tensor | None = None
         self.slots: dict = {}  # row -> its slot
         self.written: list[int] = []  # per slot: the leading ids in the tensor that are its row's committed text
+        self.base: list[int] = []  # per slot: its row's padding and prompt, the ids before its generated text
         self.free: list[int] = []
 
     def release(self, row) -> None:
@@ -34,42 +35,48 @@ class ContextIds:
             self.free.append(slot)
 
     def contexts(self, wanted: list[tuple], device) -> Contexts:
-        """Per (row, window slots) in `wanted`, each slot's context (row order, then slot order): the prefixes of this
-        tensor's rows, brought up to date first. Every window slot before a row's largest must be filled."""
+        """Per (row, window slots) in `wanted`, each slot's context (row order, then slot order): the prefixes of
+        this tensor's rows, brought up to date first. Every window slot before a row's last must be filled. A few
+        calls a row: every step of a batch under a repetition penalty reads with it."""
         if self.ids is not None and not _on(self.ids, device):  # moved: written anew
             self.ids, self.written = None, [0] * len(self.written)
-        at, owners, lengths = array("q"), [], []  # at: the slots, the columns, then the ids that are written
-        slots, columns, values = [], [], []
+        slots, columns, values, owners, lengths = [], [], [], [], []  # the writes; then each position's prefix
         widest = 0
         for row, wanted_slots in wanted:
-            slot = self._slot(row)
-            committed = len(row.padding) + len(row.prompt) + len(row.generated)
-            written = min(self.written[slot], committed)
-            window = [fill.token for fill in row.window[: max(wanted_slots, default=0)]]
-            new = _text_from(row, written) + window
-            slots += [slot] * len(new)
-            columns += range(written, written + len(new))
+            slot = self.slots.get(row)
+            if slot is None:
+                slot = self._slot(row)
+            base, generated = self.base[slot], row.generated
+            committed, written, last = base + len(generated), self.written[slot], max(wanted_slots, default=0)
+            if written > committed:  # the row's text was cut (`StreamingDecoder.finish`)
+                written = committed
+            new = generated[written - base :] if written >= base else (row.padding + row.prompt)[written:] + generated
+            if last:
+                new += [fill.token for fill in row.window[:last]]
+            count = len(new)
+            slots += [slot] * count
+            columns += range(written, written + count)
             values += new
             self.written[slot] = committed
-            widest = max(widest, committed + len(window))
+            if committed + last > widest:
+                widest = committed + last
             owners += [slot] * len(wanted_slots)
             lengths += [committed + k for k in wanted_slots]
         self._fit(len(self.written), widest, device)
         if values:
-            at.extend(slots)
-            at.extend(columns)
-            at.extend(values)
-            where = torch.frombuffer(at, dtype=torch.int64).view(3, -1).to(device, copy=True)
+            where = torch.frombuffer(array("q", slots + columns + values), dtype=torch.int64).view(3, -1)
+            where = where.to(device, copy=True)  # a copy: the tensor outlives the buffer
             self.ids[where[0], where[1]] = where[2]
         return Contexts(self.ids, owners, lengths)
 
     def _slot(self, row) -> int:
-        slot = self.slots.get(row)
-        if slot is None:
-            slot = self.free.pop() if self.free else len(self.written)
-            if slot == len(self.written):
-                self.written.append(0)
-            self.slots[row] = slot
+        """A free slot for `row`, which reads for the first time."""
+        slot = self.free.pop() if self.free else len(self.written)
+        if slot == len(self.written):
+            self.written.append(0)
+            self.base.append(0)
+        self.slots[row] = slot
+        self.written[slot], self.base[slot] = 0, len(row.padding) + len(row.prompt)
         return slot
 
     def _fit(self, rows: int, columns: int, device) -> None:
@@ -90,14 +97,6 @@ def _on(tensor: torch.Tensor, device) -> bool:
     """Whether `tensor` is on `device` ("cuda" is any CUDA device's, "cuda:1" only the second's)."""
     device = torch.device(device)
     return tensor.device.type == device.type and device.index in (None, tensor.device.index)
-
-
-def _text_from(row, start: int) -> list[int]:
-    """The row's padding, prompt and committed text from index `start` on, without joining the whole of them."""
-    padding, prompt = len(row.padding), len(row.prompt)
-    if start >= padding + prompt:
-        return row.generated[start - padding - prompt :]
-    return (row.padding + row.prompt)[start:] + row.generated
 
 
 def row_contexts(wanted: list[tuple], device) -> Contexts:
