@@ -104,7 +104,8 @@ def test_the_index_finds_what_a_scan_of_the_text_finds():
     """The index grows as tokens commit and looks up only what it indexed and the suffix's neighbourhood; the reference
     decoder's look-up scans the whole text each time. On random text over a few tokens (every suffix occurs often,
     many overlap the drafts), grown in random steps, at times indexed ahead at some sizes, with random drafts, n-gram
-    sizes and limits, both agree."""
+    sizes and limits, both agree; asked for a match of at least some length, the index finds the same where the scan's
+    match is that long, and otherwise none that long."""
     rng = random.Random(0)
     for _ in range(300):
         vocabulary, index, text = rng.randint(1, 5), ContextIndex(), []
@@ -118,4 +119,9 @@ def test_the_index_finds_what_a_scan_of_the_text_finds():
                 pending = [rng.randint(0, vocabulary) for _ in range(rng.randint(0, 8))]
                 largest, limit = rng.randint(1, 8), rng.randint(0, 14)
                 expected = _lookup(text + pending, len(text), largest, limit)
-                assert index.lookup(pending, largest, limit) == expected, (text, pending, largest, limit)
+                shortest = rng.choice([1, 1, rng.randint(1, 7)])
+                got = index.lookup(pending, largest, limit, shortest)
+                if expected[1] >= shortest:
+                    assert got == expected, (text, pending, largest, limit, shortest)
+                else:
+                    assert got[1] < shortest, (text, pending, largest, limit, shortest)

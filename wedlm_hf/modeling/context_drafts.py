@@ -66,9 +66,11 @@ class ContextIndex:
         reads no draft unless the text is periodic there."""
         return self.lookup(pending, largest, limit)[0]
 
-    def lookup(self, pending: list[int], largest: int, limit: int) -> tuple[list[int], int]:
+    def lookup(self, pending: list[int], largest: int, limit: int, shortest: int = 1) -> tuple[list[int], int]:
         """`continuation`, and how long the match is: the suffix plus the tokens before it that agree with those
-        before the occurrence, counted up to LONG_MATCH (0 when nothing matched)."""
+        before the occurrence, counted up to LONG_MATCH (0 when nothing matched). Only a match of at least
+        `shortest` tokens is looked for: where the suffix of n tokens never occurred, a shorter one's match is
+        shorter than n (were it as long, the n tokens would occur there), so the look-up ends there."""
         if limit < 1:
             return [], 0
         text, latest, indexed = self.tokens, self.latest, self.indexed
@@ -94,6 +96,8 @@ class ContextIndex:
                     indexed[n] = committed
                 start = latest.get(tuple(suffix))
                 if start is None:
+                    if shortest >= n:
+                        return [], 0
                     continue
             length = n  # the tokens before an occurrence lie in the text, those before the suffix in the tail
             while length < LONG_MATCH and start + n - length > 0:
@@ -166,7 +170,7 @@ def copy_from_context(row, shortest: int = 1, replace_model_drafts: bool = False
     row.context.sync(row.prompt, row.generated)
     room = row.settings.max_new_tokens - len(row.generated) - run
     limit = min(row.settings.window_size, COPY_TOKENS, room)
-    drafts, length = row.context.lookup(pending, row.settings.context_ngram, limit)
+    drafts, length = row.context.lookup(pending, row.settings.context_ngram, limit, shortest)
     if length < shortest:
         return False
     del drafts[row.context_window.size :]
