@@ -20,9 +20,11 @@ def fill(rows, masks, logits, mask_token_id):
     fill_masks(rows, masks, read_step(rows, logits, logits.shape[1], mask_token_id, {}))
 
 
-def random_rows(rng: random.Random, batch: int) -> tuple[list[DecodingRow], list[list[int]], int]:
-    """Rows with windows of fills and masks (some done, some with no masks), the fed mask positions per row and the
-    step's mask columns."""
+def random_rows(
+    rng: random.Random, batch: int, lossless: float = 0.3
+) -> tuple[list[DecodingRow], list[list[int]], int]:
+    """Rows with windows of fills and masks (some done, some with no masks; a `lossless` share of them lossless),
+    the fed mask positions per row and the step's mask columns."""
     rows, masks = [], []
     for index in range(batch):
         threshold = rng.choice([None, 0.5, 1.5, 2.2, 3.0])
@@ -31,7 +33,7 @@ def random_rows(rng: random.Random, batch: int) -> tuple[list[DecodingRow], list
             window_size=8,
             entropy_threshold=threshold,
             pos_penalty_factor=rng.choice([0.0, 0.02, 0.3]),
-            lossless=rng.random() < 0.3,
+            lossless=rng.random() < lossless,
         )
         window = [None if rng.random() < 0.6 else Fill(rng.randrange(MASK)) for _ in range(rng.randrange(0, 9))]
         row = DecodingRow(index=index, prompt=[1, 2, 3], settings=settings, window=window)
@@ -110,10 +112,9 @@ def test_greedy_fills_take_one_host_read_and_sampled_rows_draw_alone_or_batched(
     """Greedy rows: one read for the whole batch. A sampled row with its own generator draws the same fills beside
     other rows as alone."""
     rng = random.Random(3)
-    rows, masks, n_masks = random_rows(rng, batch=6)
+    rows, masks, n_masks = random_rows(rng, batch=6, lossless=0.0)
     for row in rows:
         row.done = False
-        row.settings.lossless = False
     masks = [m or [row.committed + len(row.window)] for row, m in zip(rows, masks)]
     for row, m in zip(rows, masks):
         row.window += [None] * max(0, m[-1] - row.committed + 1 - len(row.window))

@@ -14,10 +14,12 @@ from wedlm_hf.modeling.draft_sources import (
 from wedlm_hf.modeling.draft_windows import PATIENCE
 
 
-def row_with(window: list, text: list | None = None, **settings) -> DecodingRow:
+def row_with(window: list, text: list | None = None, grammar=None, **settings) -> DecodingRow:
     settings = DecodingSettings(max_new_tokens=50, stop_ids=frozenset({EOS_ID}), **settings)
     prompt = list(text or [5, 6, 7])
-    return DecodingRow(index=0, prompt=prompt, settings=settings, window=list(window), prompt_fed=len(prompt))
+    row = DecodingRow(index=0, prompt=prompt, settings=settings, window=list(window), grammar=grammar)
+    row.prompt_fed = len(prompt)
+    return row
 
 
 def test_lossless_rows_draft_from_the_model_then_the_context_and_default_rows_fill_then_copy():
@@ -25,9 +27,7 @@ def test_lossless_rows_draft_from_the_model_then_the_context_and_default_rows_fi
     drafts) and a grammar row have none."""
     assert draft_sources(row_with([])) == (MODEL_FILLS, CONTEXT_DRAFTS)
     assert draft_sources(row_with([], context_drafts=False)) == ()
-    grammar_row = row_with([])
-    grammar_row.grammar = object()
-    assert draft_sources(grammar_row) == ()
+    assert draft_sources(row_with([], grammar=object())) == ()
     assert draft_sources(row_with([], lossless=True)) == (MODEL_DRAFTS, CONTEXT_DRAFTS)
     assert draft_sources(row_with([], lossless=True, context_drafts=False)) == (MODEL_DRAFTS,)
 

@@ -11,9 +11,10 @@ from wedlm_hf.modeling.window_filling import FillSampler
 from wedlm_hf.modeling.window_refill import refill
 
 
-def lossless_row(window: list, prefilled: bool = True, **settings) -> DecodingRow:
-    settings = DecodingSettings(max_new_tokens=50, lossless=True, stop_ids=frozenset({EOS_ID}), **settings)
-    row = DecodingRow(index=0, prompt=[5, 6, 7], settings=settings, window=list(window))
+def lossless_row(window: list, prefilled: bool = True, grammar=None, prompt=(5, 6, 7), **settings) -> DecodingRow:
+    """A lossless row unless the settings say otherwise."""
+    settings = DecodingSettings(**{"max_new_tokens": 50, "lossless": True, "stop_ids": frozenset({EOS_ID}), **settings})
+    row = DecodingRow(index=0, prompt=list(prompt), settings=settings, window=list(window), grammar=grammar)
     row.prompt_fed = len(row.prompt) if prefilled else 0
     return row
 
@@ -46,11 +47,10 @@ def test_the_last_draft_is_unfed_only_where_a_whole_run_ends_the_row():
     assert budget.unfed_end() == 0
     assert lossless_row([Fill(9, final=True)]).unfed_end() == 0  # the final token is always fed
     assert lossless_row([Fill(9), Fill(EOS_ID)], prefilled=False).unfed_end() == 0
-    default = lossless_row([Fill(9), Fill(10), Fill(EOS_ID)])
-    default.settings.lossless = default.settings.context_drafts = False  # the paper's rule verifies nothing:
-    assert default.unfed_end() == 0  # no row checks the last one
-    default.settings.context_drafts = True  # its last slot is committed or judged by the row before, as lossless
-    assert default.unfed_end() == 1
+    default = lossless_row([Fill(9), Fill(10), Fill(EOS_ID)], lossless=False, context_drafts=False)
+    assert default.unfed_end() == 0  # the paper's rule verifies nothing: no row checks the last one
+    default = lossless_row([Fill(9), Fill(10), Fill(EOS_ID)], lossless=False, context_drafts=True)
+    assert default.unfed_end() == 1  # its last slot is committed or judged by the row before, as lossless
 
 
 def test_a_drafted_stop_token_does_not_keep_drafts_past_the_adapted_window():
@@ -137,9 +137,7 @@ def test_a_resting_context_source_looks_nothing_up(monkeypatch):
     again, the index catches up with everything committed meanwhile."""
     from wedlm_hf.modeling import context_drafts
 
-    row = lossless_row([Fill(8, final=True), None, None])
-    row.prompt = [5, 6, 7, 8, 9, 5, 6, 7]
-    row.prompt_fed = len(row.prompt)
+    row = lossless_row([Fill(8, final=True), None, None], prompt=[5, 6, 7, 8, 9, 5, 6, 7])
     row.context_window.size = 0
     looked_up = []
     original = context_drafts.ContextIndex.lookup
@@ -191,10 +189,8 @@ def test_the_model_source_rests_on_while_copies_are_being_tried():
         assert row.model_window.size == (0 if context_drafts and not copies_rest else 2)
 
 
-def copying_row(text: list, window: list, held: bool | None, resting: bool = False) -> DecodingRow:
-    row = lossless_row(window)
-    row.prompt = list(text)
-    row.prompt_fed = len(text)
+def copying_row(text: list, window: list, held: bool | None, resting: bool = False, grammar=None) -> DecodingRow:
+    row = lossless_row(window, grammar=grammar, prompt=text)
     row.model_window.held = held
     row.model_window.size = 0
     if resting:
@@ -306,13 +302,12 @@ class PrefixGrammar:
 def test_under_a_grammar_a_copy_ends_where_the_grammar_rejects_it():
     """AR under a grammar never chooses a token the grammar rejects, so copying one would only cost rows."""
     text = [1, 2, 3, 4, 9, 8, 7, 3]  # with the final token 4: "3 4" occurred before, followed by "9 8 7 3"
-    row = copying_row(text, [Fill(4, final=True)], held=False)
-    row.grammar = PrefixGrammar([4, 9, 8, 5])
+    row = copying_row(text, [Fill(4, final=True)], held=False, grammar=PrefixGrammar([4, 9, 8, 5]))
     refill(row)
     assert window_tokens(row) == [4, 9, 8]
     assert row.grammar.at == 0  # the grammar's state is still the committed text's
-    row = copying_row(text, [Fill(4, final=True)], held=False)
-    row.grammar = PrefixGrammar([4, 6])  # it rejects the copy's first token: no copy
+    # A grammar that rejects the copy's first token: no copy.
+    row = copying_row(text, [Fill(4, final=True)], held=False, grammar=PrefixGrammar([4, 6]))
     refill(row)
     assert window_tokens(row) == [4]
 
@@ -321,14 +316,12 @@ def test_after_a_grammars_fixed_string_a_row_feeds_a_mask_to_draft_past_ars_next
     """The slot after a fixed string is AR's next token; a second mask drafts the token after it (a separator,
     after which the grammar's next fixed string needs no forward of its own), even while the model's drafts rest."""
     forced = [Fill(4, final=True), Fill(9, source="forced"), Fill(8, source="forced")]
-    row = lossless_row(forced, context_drafts=False)
-    row.grammar = PrefixGrammar([4, 9, 8, 5, 6])
+    row = lossless_row(forced, context_drafts=False, grammar=PrefixGrammar([4, 9, 8, 5, 6]))
     row.model_window.size = 0
     refill(row)
     assert window_tokens(row) == [4, 9, 8, None, None]
     drafted = [Fill(4, final=True), Fill(9, source="forced"), Fill(8)]  # the run ends with a draft: it rests
-    row = lossless_row(drafted, context_drafts=False)
-    row.grammar = PrefixGrammar([4, 9, 8, 5, 6])
+    row = lossless_row(drafted, context_drafts=False, grammar=PrefixGrammar([4, 9, 8, 5, 6]))
     row.model_window.size = 0
     refill(row)
     assert window_tokens(row) == [4, 9, 8]

@@ -41,8 +41,8 @@ class AnyOf:
 
 def row_with(window, ar_choice: int) -> DecodingRow:
     settings = DecodingSettings(max_new_tokens=50, stop_ids=frozenset({EOS_ID}), sampler=FillSampler())
-    row = DecodingRow(index=0, prompt=[5, 6, 7], settings=settings, window=list(window), prompt_fed=3)
-    row.grammar = AnyOf([10, 11, 12])
+    grammar = AnyOf([10, 11, 12])
+    row = DecodingRow(index=0, prompt=[5, 6, 7], settings=settings, window=list(window), prompt_fed=3, grammar=grammar)
     step = torch.zeros(len(window), VOCAB)
     step[0, ar_choice] = 2.0  # the row of slot 0 predicts slot 1
     step[0, 13] = 5.0  # outside the grammar: AR restricted never picks it

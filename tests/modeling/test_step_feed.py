@@ -45,13 +45,13 @@ def test_filled_slots_come_first_then_padding_then_masks_at_their_positions():
     assert feed.masks == [[4, 6], [5, 6]] and feed.runs == [1, 0] and feed.counts == [4, 7]
     # Only the masks' logits in default mode; a joining row that follows its AR logits adds its last prompt token.
     assert logit_columns([decoding, joining], feed)[0] == [5, 6]
-    joining.settings.keep_logits = True
-    columns, ar_columns, _ = logit_columns([decoding, joining], feed)
+    tracking = row([4, 5, 6, 7, 8], [None, None], fed=0, keep_logits=True)  # fed as `joining` is
+    columns, ar_columns, _ = logit_columns([decoding, tracking], feed)
     assert columns == [4, 5, 6] and ar_columns == {1: [4]}
     # A row that verifies (context drafts in default mode, section 3.m) adds its run's rows, predicting the slots
     # after them, and its masks' slots exclude the one AR's next token takes.
     verifying = row([1, 2, 3], [Fill(7), None, Fill(8), None], context_drafts=True)
-    assert logit_columns([verifying, joining], feed)[1] == {0: [0], 1: [4]}
+    assert logit_columns([verifying, tracking], feed)[1] == {0: [0], 1: [4]}
     verifying.commit(1)
     verifying.window[0] = Fill(9, final=True)
     assert open_masks(verifying, feed.masks[0], feed.n_masks) == [(1, 2)]

@@ -160,6 +160,19 @@ class DecodingRow:
     grammar: object | None = None  # the row's grammar state (`grammar_commit`), at the end of its committed text
     padding: list[int] = field(default_factory=list)  # the batch's left padding before the prompt, as AR sees it
     context_ids: object | None = None  # the batch's ids that context-reading processors read (`context_ids`)
+    # What the row's settings and grammar make of it, asked of every row in every phase: set once, as a row's
+    # settings and grammar are fixed once it is built (a row with others is a new row).
+    # verifies: whether it keeps AR's own token in its first slot and verifies drafts (docs/algorithm.md sections 3.m
+    # and 6): lossless mode, and the default mode that drafts from the context (without a grammar, whose rows keep the
+    # paper's rule with the grammar's checks).
+    verifies: bool = field(init=False)
+    # tracks_logits: whether it follows the AR logits of the slot after its committed text (`next_logits`).
+    tracks_logits: bool = field(init=False)
+
+    def __post_init__(self):
+        settings = self.settings
+        self.verifies = settings.lossless or (settings.context_drafts and self.grammar is None)
+        self.tracks_logits = settings.keep_logits or self.grammar is not None
 
     @property
     def prefilled(self) -> bool:
@@ -169,13 +182,6 @@ class DecodingRow:
     def committed(self) -> int:
         """Logical length P: prompt plus committed tokens."""
         return len(self.prompt) + len(self.generated)
-
-    @property
-    def verifies(self) -> bool:
-        """Whether the row keeps AR's own token in its first slot and verifies drafts (docs/algorithm.md sections
-        3.m and 6): lossless mode, and the default mode that drafts from the context (without a grammar, whose
-        rows keep the paper's rule with the grammar's checks)."""
-        return self.settings.lossless or (self.settings.context_drafts and self.grammar is None)
 
     def trusts(self, slot: Fill) -> bool:
         """Whether `slot` commits without a check: a verifying default-mode row's own confident fills, which the
@@ -206,11 +212,6 @@ class DecodingRow:
         lossless = self.settings.lossless
         judged = [slot.source in OWN_SOURCES and (lossless or not slot.confident) for slot in self.window[start:end]]
         return start + judged.index(True) if True in judged else end
-
-    @property
-    def tracks_logits(self) -> bool:
-        """Whether the row follows the AR logits of the slot after its committed text (`next_logits`)."""
-        return self.settings.keep_logits or self.grammar is not None
 
     def leading_run(self) -> int:
         """The filled slots before the window's first mask."""
