@@ -126,7 +126,9 @@ class Fill:
 
 @dataclass(eq=False)
 class DecodingRow:
-    """One sequence: its prompt, committed tokens, window (`None` = mask) and settings."""
+    """One sequence: its prompt, committed tokens, window (`None` = mask) and settings. Its settings and grammar
+    are fixed once it is built: what they make of the row (`verifies`, `tracks_logits`), asked of every row in every
+    phase, is worked out then."""
 
     index: int
     prompt: list[int]
@@ -160,11 +162,9 @@ class DecodingRow:
     grammar: object | None = None  # the row's grammar state (`grammar_commit`), at the end of its committed text
     padding: list[int] = field(default_factory=list)  # the batch's left padding before the prompt, as AR sees it
     context_ids: object | None = None  # the batch's ids that context-reading processors read (`context_ids`)
-    # What the row's settings and grammar make of it, asked of every row in every phase: set once, as a row's
-    # settings and grammar are fixed once it is built (a row with others is a new row).
-    # verifies: whether it keeps AR's own token in its first slot and verifies drafts (docs/algorithm.md sections 3.m
-    # and 6): lossless mode, and the default mode that drafts from the context (without a grammar, whose rows keep the
-    # paper's rule with the grammar's checks).
+    # verifies: whether the row keeps AR's own token in its first slot and verifies drafts (docs/algorithm.md 3.m
+    # and 6): lossless mode, and the default mode that drafts from the context (without a grammar, whose rows keep
+    # the paper's rule with the grammar's checks).
     verifies: bool = field(init=False)
     # tracks_logits: whether it follows the AR logits of the slot after its committed text (`next_logits`).
     tracks_logits: bool = field(init=False)
