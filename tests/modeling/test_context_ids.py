@@ -33,11 +33,12 @@ class _Ops(TorchFunctionMode):
 def test_contexts_follow_commits_windows_cuts_and_rows_that_come_and_go():
     """Rows of one batch join, commit, change their windows, are cut short (`finish(keep=...)`, after which their
     text grows no more) and leave, their slots taken again: at every read each position's context is the row's text
-    and its window before the slot."""
+    and its window before the slot, and the tensor is at most twice as large as the rows and contexts ask in each
+    dimension; once the last row leaves, it goes."""
     rng = random.Random(0)
     block = ContextIds()
     rows, cut = [_row(i, rng, block) for i in range(3)], set()  # a cut row has ended: its text grows no more
-    most = len(rows)
+    most, longest = len(rows), 0
     for step in range(200):
         if rng.random() < 0.1 and rows:  # a row leaves, another joins
             block.release(rows.pop(rng.randrange(len(rows))))
@@ -56,7 +57,25 @@ def test_contexts_follow_commits_windows_cuts_and_rows_that_come_and_go():
         contexts = row_contexts(wanted, "cpu")
         expected = [ids for row, slots in wanted for ids in _expected(row, slots)]
         assert [c.tolist() for c in contexts] == expected
+        longest = max([longest] + [len(ids) for ids in expected])
+        if block.ids is not None:
+            assert block.ids.shape[0] <= 2 * most and block.ids.shape[1] <= 2 * longest
     assert len(block.written) <= most  # slots are taken again
+    for row in rows:
+        block.release(row)
+    assert block.ids is None and block.written == []
+
+
+def test_a_position_s_context_stays_what_it_was_when_later_reads_write_the_tensor():
+    """A processor that keeps the ids it was handed sees them unchanged by the next step's writes."""
+    rng = random.Random(3)
+    row = _row(0, rng, ContextIds())
+    row.window = [Fill(7), Fill(8)]
+    kept = row.contexts([2], "cpu")[0]
+    before = kept.tolist()
+    row.window = [Fill(9), Fill(10)]
+    row.contexts([2], "cpu")
+    assert kept.tolist() == before and before[-2:] == [7, 8]
 
 
 def test_rows_of_different_batches_read_in_order():

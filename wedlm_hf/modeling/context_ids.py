@@ -7,7 +7,8 @@ tensor, the window's tokens joined after them. Here the batch keeps them as one 
 a row a slot, as vLLM's persistent input batch keeps its token ids: each read writes, for every row it reads, the
 tokens committed since that row's last read and its window's tokens after them, all with one operator, whatever the
 number of rows. Past a row's committed text the tensor is scratch, written again at each read. A row takes a slot at
-its first read and gives it back when it leaves the decoder (`release`).
+its first read and gives it back when it leaves the decoder (`release`). The tensor is at most twice as large as the
+rows reading at once and their longest context ask, in each dimension, and goes when the last of them leaves.
 """
 
 from array import array
@@ -28,11 +29,13 @@ class ContextIds:
         self.free: list[int] = []
 
     def release(self, row) -> None:
-        """`row` left the batch: its slot is free for the next row that reads."""
+        """`row` left the batch: its slot is free for the next row that reads; with no row left, the tensor goes."""
         slot = self.slots.pop(row, None)
         if slot is not None:
             self.written[slot] = 0
             self.free.append(slot)
+        if not self.slots:
+            self.ids, self.written, self.base, self.free = None, [], [], []
 
     def contexts(self, wanted: list[tuple], device) -> Contexts:
         """Per (row, window slots) in `wanted`, each slot's context (row order, then slot order): the prefixes of
@@ -48,7 +51,7 @@ class ContextIds:
                 slot = self._slot(row)
             base, generated = self.base[slot], row.generated
             committed, written, last = base + len(generated), self.written[slot], max(wanted_slots, default=0)
-            if written > committed:  # the row's text was cut (`StreamingDecoder.finish`)
+            if written > committed:  # its text was cut short since (a decoder's rows leave then: a row of its own)
                 written = committed
             new = generated[written - base :] if written >= base else (row.padding + row.prompt)[written:] + generated
             if last:
@@ -64,8 +67,8 @@ class ContextIds:
             lengths += [committed + k for k in wanted_slots]
         self._fit(len(self.written), widest, device)
         if values:
-            where = torch.frombuffer(array("q", slots + columns + values), dtype=torch.int64).view(3, -1)
-            where = where.to(device, copy=True)  # a copy: the tensor outlives the buffer
+            # `frombuffer` keeps the array alive as long as the tensor; on a CPU, `to` is the tensor itself
+            where = torch.frombuffer(array("q", slots + columns + values), dtype=torch.int64).view(3, -1).to(device)
             self.ids[where[0], where[1]] = where[2]
         return Contexts(self.ids, owners, lengths)
 
@@ -80,13 +83,16 @@ class ContextIds:
         return slot
 
     def _fit(self, rows: int, columns: int, device) -> None:
-        """Grows the tensor (twice the size asked for, so that growing is rare) to hold `rows` x `columns` ids on
-        `device`, keeping what it holds."""
+        """Grows the tensor to hold `rows` x `columns` ids on `device`, keeping what it holds: a dimension that is
+        short to twice its size (or what is asked, if more), so that growing is rare; the other as it is."""
         ids = self.ids
         if ids is not None and ids.shape[0] >= rows and ids.shape[1] >= columns:
             return
-        height = max(rows, 2 * ids.shape[0] if ids is not None else rows)
-        width = max(columns, 2 * ids.shape[1] if ids is not None else columns, 1)
+        height, width = (rows, max(columns, 1)) if ids is None else ids.shape
+        if height < rows:
+            height = max(rows, 2 * height)
+        if width < columns:
+            width = max(columns, 2 * width)
         grown = torch.zeros((height, width), dtype=torch.long, device=device)
         if ids is not None:
             grown[: ids.shape[0], : ids.shape[1]] = ids
@@ -105,7 +111,7 @@ def row_contexts(wanted: list[tuple], device) -> Contexts:
     for row, _ in wanted:
         if row.context_ids is None:
             row.context_ids = ContextIds()
-    block = wanted[0][0].context_ids if wanted else ContextIds()
-    if all(row.context_ids is block for row, _ in wanted):
-        return block.contexts(wanted, device)
+    shared = wanted[0][0].context_ids if wanted else ContextIds()
+    if all(row.context_ids is shared for row, _ in wanted):
+        return shared.contexts(wanted, device)
     return Contexts.joined([row.context_ids.contexts([(row, slots)], device) for row, slots in wanted])

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .context_ids import row_contexts
+from .context_ids import ContextIds, row_contexts
 from .decoding_config import WeDLMDecodingConfig
 from .draft_windows import ContextWindow, DraftWindow
 from .processor_contexts import Contexts
@@ -161,7 +161,7 @@ class DecodingRow:
     prefix: list | None = None  # K/V of the prompt's first tokens from elsewhere (a prefix cache), loaded on joining
     grammar: object | None = None  # the row's grammar state (`grammar_commit`), at the end of its committed text
     padding: list[int] = field(default_factory=list)  # the batch's left padding before the prompt, as AR sees it
-    context_ids: object | None = None  # the batch's ids that context-reading processors read (`context_ids`)
+    context_ids: ContextIds | None = None  # the batch's ids that context-reading processors read (`context_ids`)
     # verifies: whether the row keeps AR's own token in its first slot and verifies drafts (docs/algorithm.md 3.m
     # and 6): lossless mode, and the default mode that drafts from the context (without a grammar, whose rows keep
     # the paper's rule with the grammar's checks).

@@ -17,9 +17,10 @@ import torch
 class Contexts:
     """Per position, the prefix of `lengths[n]` ids of row `ids[owners[n]]`: `ids` a list of 1-D tensors, or one
     (rows, length) tensor (a batch's, `context_ids`), whose ids past a position's length are never read. Indexing
-    gives a position's context as a tensor, as a list of contexts would."""
+    gives a position's context as a tensor, as a list of contexts would (a copy, where the rows are a batch's
+    tensor, which later steps write)."""
 
-    def __init__(self, ids: list[torch.Tensor], owners: list[int], lengths: list[int]):
+    def __init__(self, ids: list[torch.Tensor] | torch.Tensor, owners: list[int], lengths: list[int]):
         self.ids, self.owners, self.lengths = ids, owners, lengths
 
     @classmethod
@@ -35,7 +36,7 @@ class Contexts:
         ids, owners, lengths = [], [], []
         for part in parts:
             owners += [len(ids) + owner for owner in part.owners]
-            ids += list(part.ids)  # a (rows, length) tensor's rows
+            ids += list(part.ids.clone() if isinstance(part.ids, torch.Tensor) else part.ids)  # a tensor's rows
             lengths += part.lengths
         return cls(ids, owners, lengths)
 
@@ -43,7 +44,8 @@ class Contexts:
         return len(self.lengths)
 
     def __getitem__(self, n: int) -> torch.Tensor:
-        return self.ids[self.owners[n]][: self.lengths[n]]
+        context = self.ids[self.owners[n]][: self.lengths[n]]
+        return context.clone() if isinstance(self.ids, torch.Tensor) else context
 
     def __iter__(self):
         return (self[n] for n in range(len(self)))
@@ -53,8 +55,9 @@ class Contexts:
         `left_out[n]` ids (none where None; a row's positions share it); ids past the vocabulary are not counted."""
         if not self.lengths:
             return torch.zeros((0, vocab), dtype=dtype)
-        device, owners, lengths = self._device(), self.owners, self.lengths
-        shortest, skipped = [-1] * len(self.ids), [0] * len(self.ids)  # per row; -1: no position reads it
+        device, lengths = self._device(), self.lengths
+        rows, owners, count = self._rows_read(vocab)
+        shortest, skipped = [-1] * count, [0] * count  # per row; -1: no position reads it
         for n, owner in enumerate(owners):
             shortest[owner] = lengths[n] if shortest[owner] < 0 else min(shortest[owner], lengths[n])
             skipped[owner] = 0 if left_out is None else left_out[n]
@@ -62,10 +65,10 @@ class Contexts:
         where = [[shortest[owner], length, skipped[owner], owner] for owner, length in zip(owners, lengths)]
         rows_at, where = torch.tensor([shortest, skipped]), torch.tensor(where).reshape(-1, 4)
         rows_at, where = rows_at.to(device, non_blocking=True), where.to(device, non_blocking=True)
-        rows = self._rows(vocab).clamp(max=vocab)
+        rows = rows.clamp(max=vocab)
         column = torch.arange(rows.shape[1], device=device)
         counted = (column < rows_at[0][:, None]) & (column >= rows_at[1][:, None])  # each row's text, once
-        per_row = torch.zeros(len(self.ids), vocab + 1, dtype=dtype, device=device)
+        per_row = torch.zeros(count, vocab + 1, dtype=dtype, device=device)
         per_row.scatter_add_(1, rows.masked_fill(~counted, vocab), torch.ones_like(rows, dtype=dtype))
         out = per_row[where[:, 3]]
         if extra:  # each position's ids past its row's shortest context: the window's tokens before its slot
@@ -94,6 +97,16 @@ class Contexts:
 
     def _device(self) -> torch.device:
         return self.ids.device if isinstance(self.ids, torch.Tensor) else self.ids[0].device
+
+    def _rows_read(self, padding: int) -> tuple[torch.Tensor, list[int], int]:
+        """The rows the positions read as one (rows, length) tensor (`_rows`; of a batch's tensor only the rows read,
+        as long as the longest context: not every slot at its longest), each position's row in it, and how many."""
+        if not isinstance(self.ids, torch.Tensor):
+            return self._rows(padding), self.owners, len(self.ids)
+        read = sorted(set(self.owners))
+        row_of = {owner: i for i, owner in enumerate(read)}
+        at = torch.tensor(read).to(self.ids.device, non_blocking=True)
+        return self.ids[at, : max(self.lengths)], [row_of[owner] for owner in self.owners], len(read)
 
     def _rows(self, padding: int) -> torch.Tensor:
         """The rows as one (rows, length) tensor, right-padded with `padding` where they are a list (a batch's

@@ -126,6 +126,7 @@ class StreamingDecoder:
         if row in self._joining:
             self._joining.remove(row)
             self.context_ids.release(row)
+            row.context_ids = None
         if not row.done:
             row.done, row.finish_reason = True, reason
         if row in self.active:
@@ -265,6 +266,7 @@ class StreamingDecoder:
         for row in finished:
             row.context = None
             self.context_ids.release(row)
+            row.context_ids = None
         survivors = [i for i, row in enumerate(self.active) if id(row) not in leaving]
         self.active = [self.active[i] for i in survivors]
         self._note_rows()
