@@ -2,8 +2,7 @@
 
 import random
 
-from torch.overrides import TorchFunctionMode
-
+from wedlm_hf.evaluation.step_calls import TorchOps
 from wedlm_hf.modeling.context_ids import ContextIds, row_contexts
 from wedlm_hf.modeling.decoding_state import DecodingRow, DecodingSettings, Fill
 
@@ -18,16 +17,6 @@ def _row(index: int, rng: random.Random, block: ContextIds | None) -> DecodingRo
 def _expected(row: DecodingRow, slots: list[int]) -> list[list[int]]:
     text = row.padding + row.prompt + row.generated
     return [text + [fill.token for fill in row.window[:k]] for k in slots]
-
-
-class _Ops(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def test_contexts_follow_commits_windows_cuts_and_rows_that_come_and_go():
@@ -99,7 +88,7 @@ def test_a_read_costs_the_same_operators_for_one_row_as_for_sixteen():
         for row in rows:
             row.generated.append(5)
             row.window = [Fill(6), Fill(7)]
-        ops = _Ops()
+        ops = TorchOps()
         with ops:
             contexts = row_contexts([(row, [2]) for row in rows], "cpu")
         assert [c.tolist() for c in contexts] == [_expected(row, [2])[0] for row in rows]
