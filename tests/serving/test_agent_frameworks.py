@@ -84,15 +84,8 @@ class Steered(httpx.AsyncBaseTransport):
         self.bodies.append(json.loads(request.content or b"{}"))
         return await self.inner.handle_async_request(request)
 
-
-class SteeredSync(httpx.BaseTransport):
-    def __init__(self):
-        self.inner, self.bodies = httpx.HTTPTransport(), []
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        request = steer(request)
-        self.bodies.append(json.loads(request.content or b"{}"))
-        return self.inner.handle_request(request)
+    async def aclose(self) -> None:  # the client's `close` ends here: the connections are the inner transport's
+        await self.inner.aclose()
 
 
 def async_openai(server, transport):
@@ -100,6 +93,18 @@ def async_openai(server, transport):
 
     client = httpx.AsyncClient(transport=transport, timeout=120)
     return AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, http_client=client)
+
+
+def run_then_close(client, run):
+    """`run` (a coroutine using `client`) to its end in a new event loop, the client's connections closed in it."""
+
+    async def both():
+        try:
+            return await run
+        finally:
+            await client.close()
+
+    return asyncio.run(both())
 
 
 @pytest.mark.parametrize("route", ["responses", "chat"])
@@ -128,7 +133,7 @@ def test_openai_agents_runs_a_tool_and_returns_its_output_type(server, route):
         model=kind(MODEL_ID, client),
         model_settings=ModelSettings(tool_choice="required", max_tokens=64),
     )
-    result = asyncio.run(Runner.run(agent, "Weather in Paris?", max_turns=3))
+    result = run_then_close(client, Runner.run(agent, "Weather in Paris?", max_turns=3))
     assert isinstance(result.final_output, Forecast) and CALLED  # the tool ran, then the typed answer came
     first = transport.bodies[0]
     schema = first["text"]["format"] if route == "responses" else first["response_format"]
@@ -143,10 +148,11 @@ def test_pydantic_ai_runs_a_tool_and_returns_native_output(server):
     from pydantic_ai.providers.openai import OpenAIProvider
 
     transport = Steered()
-    model = OpenAIChatModel(MODEL_ID, provider=OpenAIProvider(openai_client=async_openai(server, transport)))
+    client = async_openai(server, transport)
+    model = OpenAIChatModel(MODEL_ID, provider=OpenAIProvider(openai_client=client))
     agent = Agent(model, output_type=NativeOutput(Forecast), model_settings={"max_tokens": 64})
     agent.tool_plain(get_weather)
-    result = asyncio.run(agent.run("Weather in Paris?"))
+    result = run_then_close(client, agent.run("Weather in Paris?"))
     assert isinstance(result.output, Forecast) and CALLED  # the tool ran, then the typed answer came
     assert transport.bodies[0]["tools"] and transport.bodies[0]["response_format"]["type"] == "json_schema"
     assert transport.bodies[0].get("tool_choice", "auto") == "auto"  # the call was the model's own choice

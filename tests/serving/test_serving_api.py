@@ -400,8 +400,7 @@ def test_context_error_says_what_to_do(server):
 
 
 def test_full_queue_gets_429_with_retry_after():
-    with LiveServer(engine(max_batch_size=1, max_queue=1)) as live:
-        client = live.client()
+    with LiveServer(engine(max_batch_size=1, max_queue=1)) as live, live.client() as client:
         long_body = {"wedlm_window_size": 1, "wedlm_entropy_threshold": None}
         running = client.completions.create(
             model=MODEL_ID, prompt="def main():", max_tokens=600, stream=True, extra_body=long_body
