@@ -1,8 +1,10 @@
 """Shared fixtures: tiny random models built from configs (nothing is downloaded) and a character tokenizer."""
 
+import gc
 import os
 import re
 import tempfile
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -55,6 +57,20 @@ def one_torch_thread():
     yield
     if torch.get_num_threads() != THREADS:
         torch.set_num_threads(THREADS)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def sockets_and_files_closed():
+    """Every test module closes the sockets and files it opens. One left to the garbage collector warns whenever it
+    is collected, and that warning fails the test whose wedlm_hf code happens to be running then (`filterwarnings`
+    in `pyproject.toml`): a failure by chance, far from its cause. Collected here, at the end of each module, it
+    fails that module's last test, every time."""
+    yield
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    left = [str(warning.message) for warning in caught if issubclass(warning.category, ResourceWarning)]
+    assert not left, f"this module left these to the garbage collector: {left}"
 
 
 # generate(strategy="wedlm") as most generation tests call it: a small window whose threshold fills several masks
